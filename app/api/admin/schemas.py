@@ -1,0 +1,44 @@
+"""Request bodies of the admin API. Unknown fields are refused (400)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OrganizationCreate(_Strict):
+    name: str = Field(min_length=1, max_length=200)
+
+
+class ProjectCreate(_Strict):
+    name: str = Field(min_length=1, max_length=200)
+    models: Literal["all"] | list[str] = "all"
+    organization: str | None = None
+
+
+class ProjectUpdate(_Strict):
+    models: Literal["all"] | list[str] | None = None
+    archived: bool | None = None
+
+
+class KeyCreate(_Strict):
+    name: str = Field("", max_length=200)
+    expires_at: dt.datetime | None = None
+
+
+class KeyRotate(_Strict):
+    grace_seconds: int = Field(3600, ge=0, le=30 * 86400)
+
+
+class ServiceCreate(_Strict):
+    type: str
+    url: str = Field(min_length=1, max_length=2000)
+    name: str | None = Field(None, min_length=1, max_length=200)
+    api_key: str | None = Field(None, min_length=1, max_length=4096)
+    text_limit: int | None = Field(None, gt=0)

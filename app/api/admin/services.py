@@ -1,0 +1,66 @@
+"""Admin routes for services and models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from sqlalchemy.orm import Session
+
+from app.api.admin.schemas import ServiceCreate
+from app.api.deps import AdminDep, ComponentsDep
+from app.services import service as services
+
+router = APIRouter(prefix="/admin")
+
+
+@router.get("/services")
+async def list_services(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    return {"data": await c.in_session(lambda s: [services.service_view(x) for x in services.list_services(s)])}
+
+
+@router.post("/services", status_code=201)
+async def add_service(body: ServiceCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    def work(s: Session) -> dict[str, Any]:
+        service = services.add_service(s, c.settings, actor, type=body.type, url=body.url, name=body.name,
+                                       credential=body.api_key, text_limit=body.text_limit)
+        return {**services.service_view(service),
+                "models": [services.model_view(m, service) for m in services.service_models(s, service)]}
+    view = await c.in_session(work)
+    await c.registry.reload()
+    return view
+
+
+@router.get("/services/{name}")
+async def get_service(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    return await c.in_session(lambda s: services.service_view(services.get_service(s, name)))
+
+
+@router.delete("/services/{name}", status_code=204)
+async def remove_service(name: str, actor: AdminDep, c: ComponentsDep) -> None:
+    await c.in_session(lambda s: services.remove_service(s, name, actor))
+    await c.registry.reload()
+
+
+@router.post("/services/{name}/refresh")
+async def refresh_service(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    def work(s: Session) -> dict[str, Any]:
+        service = services.get_service(s, name)
+        services.sync_service(s, c.settings, service)
+        return services.service_view(service)
+    view = await c.in_session(work)
+    await c.registry.reload()
+    return view
+
+
+@router.get("/services/{name}/models")
+async def list_service_models(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    def work(s: Session) -> list[dict[str, Any]]:
+        service = services.get_service(s, name)
+        return [services.model_view(m, service) for m in services.service_models(s, service)]
+    return {"data": await c.in_session(work)}
+
+
+@router.get("/models")
+async def list_models(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    return {"data": await c.in_session(lambda s: [services.model_view(m, x) for m, x in services.all_models(s)])}

@@ -1,0 +1,105 @@
+"""Admin routes for organizations, projects and keys. Every change is audited by the domain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from sqlalchemy.orm import Session
+
+from app import audit
+from app.api.admin.schemas import (
+    KeyCreate,
+    KeyRotate,
+    OrganizationCreate,
+    ProjectCreate,
+    ProjectUpdate,
+)
+from app.api.deps import AdminDep, ComponentsDep
+from app.tenancy import service as tenancy
+
+router = APIRouter(prefix="/admin")
+
+
+@router.post("/organizations", status_code=201)
+async def create_organization(body: OrganizationCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    org = await c.in_session(lambda s: tenancy.create_organization(s, body.name, actor))
+    return {"id": org.id, "name": org.name}
+
+
+@router.get("/projects")
+async def list_projects(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    return {"data": await c.in_session(lambda s: [tenancy.project_view(p) for p in tenancy.list_projects(s)])}
+
+
+@router.post("/projects", status_code=201)
+async def create_project(body: ProjectCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    return await c.in_session(lambda s: tenancy.project_view(tenancy.create_project(
+        s, body.name, actor, models=body.models, organization=body.organization)))
+
+
+@router.get("/projects/{name}")
+async def get_project(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    return await c.in_session(lambda s: tenancy.project_view(tenancy.get_project(s, name)))
+
+
+@router.patch("/projects/{name}")
+async def update_project(name: str, body: ProjectUpdate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    view = await c.in_session(lambda s: tenancy.project_view(tenancy.update_project(
+        s, name, actor, models=body.models, archived=body.archived,
+        set_models="models" in body.model_fields_set)))
+    c.keys.invalidate()
+    return view
+
+
+@router.get("/projects/{name}/keys")
+async def list_project_keys(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    return {"data": await c.in_session(
+        lambda s: [tenancy.key_view(k, name) for k in tenancy.list_keys(s, project=name)])}
+
+
+@router.post("/projects/{name}/keys", status_code=201)
+async def create_project_key(name: str, body: KeyCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    def work(s: Session) -> dict[str, Any]:
+        key, value = tenancy.create_key(s, c.hasher, actor, kind="project", project=name,
+                                        name=body.name, expires_at=body.expires_at)
+        return {**tenancy.key_view(key, name), "key": value}
+    return await c.in_session(work)
+
+
+@router.get("/admin-keys")
+async def list_admin_keys(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    return {"data": await c.in_session(lambda s: [tenancy.key_view(k) for k in tenancy.list_keys(s, kind="admin")])}
+
+
+@router.post("/admin-keys", status_code=201)
+async def create_admin_key(body: KeyCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    def work(s: Session) -> dict[str, Any]:
+        key, value = tenancy.create_key(s, c.hasher, actor, kind="admin", name=body.name,
+                                        expires_at=body.expires_at)
+        return {**tenancy.key_view(key), "key": value}
+    return await c.in_session(work)
+
+
+@router.post("/keys/{key_id}/revoke")
+async def revoke_key(key_id: int, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    view = await c.in_session(lambda s: tenancy.key_view(tenancy.revoke_key(s, key_id, actor)))
+    c.keys.invalidate()
+    return view
+
+
+@router.post("/keys/{key_id}/rotate", status_code=201)
+async def rotate_key(key_id: int, body: KeyRotate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    def work(s: Session) -> dict[str, Any]:
+        key, value = tenancy.rotate_key(s, c.hasher, key_id, actor, grace_seconds=body.grace_seconds)
+        return {**tenancy.key_view(key), "key": value}
+    view = await c.in_session(work)
+    c.keys.invalidate()
+    return view
+
+
+@router.get("/audit")
+async def audit_log(_actor: AdminDep, c: ComponentsDep, limit: int = 100,
+                    before_id: int | None = None) -> dict[str, Any]:
+    limit = max(1, min(limit, 1000))
+    return {"data": await c.in_session(lambda s: audit.entries(s, limit=limit, before_id=before_id))}

@@ -1,0 +1,54 @@
+"""Map every error to SPEC §1's shape, FastAPI's own 404/405/422 included."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.errors import ArbiterError, MethodNotAllowed, NotFound, ValidationFailed
+
+log = logging.getLogger("arbiter.api")
+
+
+def error_response(error: ArbiterError) -> Response:
+    return Response(error.body(), status_code=error.status, media_type="application/json",
+                    headers=error.headers)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ArbiterError)
+    async def arbiter_error(_request: Request, exc: ArbiterError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError) -> Response:
+        problems = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", "invalid"), "type": e.get("type", "value_error")}
+            for e in exc.errors()
+        ] or [{"loc": ["body"], "msg": "invalid request", "type": "value_error"}]
+        for p in problems:
+            if p["type"] == "json_invalid":
+                p["msg"] = "the body is not valid JSON"
+        return error_response(ValidationFailed(problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            return error_response(NotFound(f"no route {request.method} {request.url.path}"))
+        if exc.status_code == 405:
+            allow = (exc.headers or {}).get("Allow", "")
+            error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}; use {allow}")
+            error.headers["Allow"] = allow
+            return error_response(error)
+        other = ArbiterError(str(exc.detail))
+        other.status = exc.status_code
+        return error_response(other)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, exc: Exception) -> Response:
+        log.exception("unexpected error", exc_info=exc)
+        return error_response(ArbiterError("internal error; the request id is in X-Request-Id"))

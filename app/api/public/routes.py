@@ -1,0 +1,48 @@
+"""Public routes served by FastAPI: /v1/models, /healthz, /readyz (and the documented
+shape of /v1/systemone, whose POST is taken by the lean route before FastAPI sees it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.api.deps import ComponentsDep, ProjectDep
+from app.db import migrate
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def list_models(principal: ProjectDep, components: ComponentsDep) -> dict[str, Any]:
+    data = []
+    for entry in components.registry.entries():
+        if not principal.may_use(entry.public_name):
+            continue
+        first = entry.replicas[0]
+        data.append({"id": entry.public_name, "object": "model", "created": first.created,
+                     "owned_by": first.provider, "capabilities": sorted(entry.capabilities)})
+    return {"object": "list", "data": data}
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(components: ComponentsDep) -> JSONResponse:
+    def check() -> None:
+        with components.database.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        migrate.check_current(components.database.engine, components.settings.database_url)
+
+    try:
+        await components.in_session(lambda _s: check())
+    except (SQLAlchemyError, migrate.NotMigrated, OSError) as exc:
+        return JSONResponse({"status": "not ready", "reason": type(exc).__name__ + ": " + str(exc)[:200]},
+                            status_code=503)
+    return JSONResponse({"status": "ready"})

@@ -1,0 +1,196 @@
+"""The ``arbiter`` command line.
+
+    arbiter serve [--host H] [--port P]
+    arbiter migrate
+    arbiter admin create-key [--name N]
+    arbiter key create --project NAME [--name N]
+    arbiter project create NAME [--models all|m1,m2] [--organization ORG]
+    arbiter service add --type ollama-external|vllm --url URL [--name NAME] [--api-key KEY]
+    arbiter emulate ollama --port N [--version X.Y.Z]
+    arbiter emulate vllm --port N [--version X.Y.Z]
+
+Commands that create a key print it alone on their last line of output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from app.errors import ArbiterError
+from app.settings import Settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args) or 0)
+    except ArbiterError as exc:
+        print(f"arbiter: {exc.message}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="arbiter", description="A gateway for decision models.")
+    sub = parser.add_subparsers(metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--host", help="address to bind (default: ARBITER_HOST or 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to bind (default: ARBITER_PORT or 8080)")
+    serve.set_defaults(run=_serve)
+
+    sub.add_parser("migrate", help="apply database migrations").set_defaults(run=_migrate)
+
+    admin = sub.add_parser("admin", help="admin keys").add_subparsers(metavar="ACTION")
+    create_admin = admin.add_parser("create-key", help="create an admin key (printed once)")
+    create_admin.add_argument("--name", default="", help="a label for the key")
+    create_admin.set_defaults(run=_admin_create_key)
+
+    key = sub.add_parser("key", help="project keys").add_subparsers(metavar="ACTION")
+    create_key = key.add_parser("create", help="create a project key (printed once)")
+    create_key.add_argument("--project", required=True, help="the project's name")
+    create_key.add_argument("--name", default="", help="a label for the key")
+    create_key.set_defaults(run=_key_create)
+
+    project = sub.add_parser("project", help="projects").add_subparsers(metavar="ACTION")
+    create_project = project.add_parser("create", help="create a project")
+    create_project.add_argument("name")
+    create_project.add_argument("--models", default="all", help="'all' or a comma-separated list")
+    create_project.add_argument("--organization", default=None)
+    create_project.set_defaults(run=_project_create)
+
+    service = sub.add_parser("service", help="services (backends)").add_subparsers(metavar="ACTION")
+    add = service.add_parser("add", help="register a backend and its models")
+    add.add_argument("--type", required=True, choices=["ollama", "ollama-external", "vllm"])
+    add.add_argument("--url", required=True)
+    add.add_argument("--name", default=None)
+    add.add_argument("--api-key", default=None, help="the backend's bearer key, if it needs one")
+    add.set_defaults(run=_service_add)
+
+    emulate = sub.add_parser("emulate", help="run a backend emulator (tests, local trials)")
+    kinds = emulate.add_subparsers(metavar="BACKEND")
+    for kind, default_version in (("ollama", "0.35.0"), ("vllm", "0.11.0")):
+        emu = kinds.add_parser(kind, help=f"emulate {kind}")
+        emu.add_argument("--host", default="127.0.0.1")
+        emu.add_argument("--port", type=int, required=True)
+        emu.add_argument("--version", default=default_version)
+        emu.set_defaults(run=_emulate, kind=kind)
+    return parser
+
+
+def _with_session(work: Callable[[Any, Any, Settings], Any]) -> Any:
+    from app.components import Components
+
+    settings = Settings()
+    components = Components(settings)
+    try:
+        components.prepare_database()
+        with components.database.session() as session:
+            return work(session, components, settings)
+    finally:
+        components.database.dispose()
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.components import Components
+    from app.db.migrate import NotMigrated
+    from app.main import create_app
+
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    settings = Settings(**overrides)
+    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
+                        format='{"level":"%(levelname)s","logger":"%(name)s","message":"%(message)s"}')
+    check = Components(settings)
+    try:
+        check.prepare_database()
+    except NotMigrated as exc:
+        print(f"arbiter: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        check.database.dispose()
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, loop="uvloop",
+                http="httptools", lifespan="on", access_log=False, log_level="warning",
+                timeout_graceful_shutdown=30)
+    return 0
+
+
+def _migrate(_args: argparse.Namespace) -> int:
+    from app.db import migrate
+
+    migrate.upgrade(Settings().database_url)
+    print("database is at the latest migration")
+    return 0
+
+
+def _admin_create_key(args: argparse.Namespace) -> int:
+    from app.tenancy import service as tenancy
+
+    value = _with_session(lambda s, c, _: tenancy.create_key(
+        s, c.hasher, tenancy.CLI, kind="admin", name=args.name)[1])
+    print("admin key created; it is shown once:")
+    print(value)
+    return 0
+
+
+def _key_create(args: argparse.Namespace) -> int:
+    from app.tenancy import service as tenancy
+
+    value = _with_session(lambda s, c, _: tenancy.create_key(
+        s, c.hasher, tenancy.CLI, kind="project", project=args.project, name=args.name)[1])
+    print(f"project key for '{args.project}' created; it is shown once:")
+    print(value)
+    return 0
+
+
+def _project_create(args: argparse.Namespace) -> int:
+    from app.tenancy import service as tenancy
+
+    _with_session(lambda s, _c, _: tenancy.create_project(
+        s, args.name, tenancy.CLI, models=args.models, organization=args.organization))
+    print(f"project '{args.name}' created (models: {args.models})")
+    return 0
+
+
+def _service_add(args: argparse.Namespace) -> int:
+    from app.services import service as services
+    from app.tenancy.service import CLI
+
+    def work(session: Any, _c: Any, settings: Settings) -> list[str]:
+        service = services.add_service(session, settings, CLI, type=args.type, url=args.url,
+                                       name=args.name, credential=args.api_key)
+        lines = [f"service '{service.name}' added ({service.type}, version {service.version})"]
+        lines += [f"  model {m.public_name} ({', '.join(m.capabilities)})"
+                  for m in services.service_models(session, service)]
+        lines += [f"  skipped {s['model']}: {s['reason']}" for s in service.skipped_models]
+        return lines
+
+    for line in _with_session(work):
+        print(line)
+    return 0
+
+
+def _emulate(args: argparse.Namespace) -> int:
+    print(f"emulating {args.kind} {args.version} on http://{args.host}:{args.port} "
+          "(an emulator, not a real model)", flush=True)
+    if args.kind == "ollama":
+        from infra_adapters.emulators.ollama import run_ollama_emulator
+
+        run_ollama_emulator(args.host, args.port, args.version)
+    else:
+        from infra_adapters.emulators.vllm import run_vllm_emulator
+
+        run_vllm_emulator(args.host, args.port, args.version)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

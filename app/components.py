@@ -1,0 +1,77 @@
+"""Every long-lived component, built once per app by ``create_app`` and started in its lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy.orm import Session
+
+from app.db import migrate
+from app.db.session import Database
+from app.decisions.forward import Forwarder
+from app.services.registry import Registry
+from app.settings import Settings
+from app.tenancy import service as tenancy
+from app.tenancy.keycache import KeyCache
+from app.tenancy.keys import KeyHasher
+from app.tenancy.touches import KeyTouches
+
+log = logging.getLogger("arbiter")
+T = TypeVar("T")
+
+
+class Components:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.database = Database(settings.database_url)
+        self.hasher = KeyHasher(settings.key_pepper.get_secret_value() if settings.key_pepper else None)
+        self.keys = KeyCache(self.hasher, self._load_principal, settings.key_cache_ttl)
+        self.registry = Registry(self.database, settings)
+        self.forwarder = Forwarder(self.registry, settings)
+        self.touches = KeyTouches(self.database)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def _load_principal(self, digest: str) -> Any:
+        with self.database.session() as session:
+            return tenancy.load_principal(session, digest)
+
+    def prepare_database(self) -> None:
+        """Migrate (when configured) or refuse an unmigrated database; bootstrap the admin key."""
+        if self.settings.auto_migrate:
+            migrate.upgrade(self.settings.database_url)
+        migrate.check_current(self.database.engine, self.settings.database_url)
+        if self.settings.bootstrap_admin_key is not None:
+            with self.database.session() as session:
+                if tenancy.ensure_bootstrap_admin_key(
+                        session, self.hasher, self.settings.bootstrap_admin_key.get_secret_value()):
+                    log.info("registered the admin key from ARBITER_BOOTSTRAP_ADMIN_KEY")
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.prepare_database)
+        await self.registry.reload()
+        self._tasks = [
+            asyncio.create_task(self.registry.run(self.settings.registry_refresh_interval)),
+            asyncio.create_task(self.touches.run(self.settings.flush_interval)),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.touches.flush()
+        await self.registry.aclose()
+        self.database.dispose()
+
+    async def in_session(self, work: Callable[[Session], T]) -> T:
+        """Run ``work(session)`` in a worker thread, in one transaction."""
+        def run() -> T:
+            with self.database.session() as session:
+                return work(session)
+        return await asyncio.to_thread(run)

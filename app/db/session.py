@@ -1,0 +1,52 @@
+"""Engines and sessions: one pooled engine per process, sessions per unit of work."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.settings import sqlalchemy_url
+
+
+class Database:
+    """Owns the engine and hands out sessions. Built once in the app's lifespan."""
+
+    def __init__(self, url: str, *, echo: bool = False) -> None:
+        self.url = sqlalchemy_url(url)
+        self.engine = make_engine(self.url, echo=echo)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session in a transaction: committed on success, rolled back on error."""
+        with self._sessions.begin() as session:
+            yield session
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def make_engine(url: str, *, echo: bool = False) -> Engine:
+    kwargs: dict[str, Any] = {"echo": echo, "future": True}
+    if url.startswith("sqlite"):
+        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+    else:
+        kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True, pool_recycle=1800)
+        kwargs["connect_args"] = {"connect_timeout": 5}
+    engine = create_engine(url, **kwargs)
+    if url.startswith("sqlite"):
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()

@@ -1,0 +1,223 @@
+"""The forwarding path of a decision: the checks after parsing, the replica, the call,
+and what comes back. No database here: the registry and the principal are in memory."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from app.decisions import jsonbody
+from app.decisions.schema import MEDIA_FIELDS, DecisionRequest
+from app.errors import (
+    ArbiterError,
+    BackendFailed,
+    InvalidRequest,
+    NotFound,
+    PermissionDenied,
+    TooLarge,
+    Unsupported,
+    UpstreamAuthFailed,
+)
+from app.services.registry import ModelEntry, Registry, Replica
+from app.settings import Settings
+from app.tenancy.principal import Principal
+from infra_adapters.base import (
+    BackendError,
+    BackendTimeout,
+    CallOptions,
+    Reply,
+    ReplyTooLarge,
+)
+
+_REPLICA_FAULT_STATUSES = frozenset({502, 503, 504})
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What goes back to the caller, and what the gateway records about it."""
+
+    status: int
+    content_type: str
+    body: bytes
+    provider: str
+    backend_seconds: float
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class Forwarder:
+    def __init__(self, registry: Registry, settings: Settings) -> None:
+        self._registry = registry
+        self._settings = settings
+        self._out_until: dict[tuple[int, str], float] = {}
+        self._salt_seed = settings.key_pepper.get_secret_value() if settings.key_pepper else ""
+
+    async def decide(self, principal: Principal, body: dict[str, Any], request: DecisionRequest,
+                     raw_length: int, headers: dict[str, str]) -> Outcome:
+        if request.remote_media and not self._settings.allow_remote_media_urls:
+            raise InvalidRequest("remote media URLs are not accepted; send base64 or data: URLs "
+                                 "(an admin can allow URLs with ARBITER_ALLOW_REMOTE_MEDIA_URLS)")
+        model = request.model
+        if not principal.may_use(model):
+            if principal.archived:
+                raise PermissionDenied(f"project '{principal.project_name}' is archived")
+            raise PermissionDenied(f"model '{model}' is not allowed for this project")
+        entry = self._registry.get(model)
+        if entry is None:
+            raise NotFound(f"model '{model}' is not installed")
+        replicas = self._eligible(entry, body, request, raw_length)
+        options = CallOptions(timeout=0.0, max_reply_bytes=self._settings.max_response_bytes,
+                              headers=headers, tenant_salt=self._tenant_salt(principal))
+        return await self._call(model, replicas, body, options)
+
+    def _eligible(self, entry: ModelEntry, body: dict[str, Any], request: DecisionRequest,
+                  raw_length: int) -> list[Replica]:
+        replicas = entry.replicas
+        smallest = min(r.text_limit for r in replicas)
+        if raw_length > smallest:
+            text = len(jsonbody.dumps({k: v for k, v in body.items() if k not in MEDIA_FIELDS}))
+            replicas = [r for r in replicas if text <= r.text_limit]
+            if not replicas:
+                raise TooLarge(f"the request's text is {text} bytes, over the "
+                               f"{max(r.text_limit for r in entry.replicas)}-byte limit of "
+                               f"model '{entry.public_name}' (media fields do not count)")
+        for field in request.media:
+            needed = MEDIA_FIELDS[field]
+            replicas = [r for r in replicas if needed in r.capabilities]
+            if not replicas:
+                raise InvalidRequest(f"model '{entry.public_name}' does not take {field} "
+                                     f"(it has no {needed} capability)")
+        replicas = [r for r in replicas if "decision" in r.capabilities]
+        if not replicas:
+            raise InvalidRequest(f"model '{entry.public_name}' is not a decision model; "
+                                 "it cannot answer /v1/systemone")
+        return replicas
+
+    def _tenant_salt(self, principal: Principal) -> str:
+        return hashlib.sha256(f"arbiter-cache-salt:{self._salt_seed}:{principal.project_id}".encode()).hexdigest()
+
+    async def _call(self, model: str, replicas: list[Replica], body: dict[str, Any],
+                    options: CallOptions) -> Outcome:
+        tried: set[int] = set()
+        last_error: BackendFailed | None = None
+        for _attempt in range(2):  # one retry on another replica
+            replica = self._pick(replicas, tried)
+            if replica is None:
+                break
+            tried.add(id(replica))
+            try:
+                return await self._call_one(model, replica, body, options)
+            except _ReplicaFault as fault:
+                self._out_until[(replica.service_id, replica.backend_name)] = (
+                    time.monotonic() + self._settings.replica_backoff)
+                last_error = fault.error
+                if fault.reply is not None and not self._pick(replicas, tried):
+                    # Nowhere else to go: the backend's own 5xx passes through.
+                    return fault.reply
+        if last_error is not None:
+            raise last_error
+        raise BackendFailed(503, f"every backend that serves model '{model}' is down or backed off; "
+                                 "try again shortly", retry_after=max(1, int(self._settings.replica_backoff)))
+
+    def _pick(self, replicas: list[Replica], tried: set[int]) -> Replica | None:
+        now = time.monotonic()
+        best: Replica | None = None
+        for replica in replicas:
+            if id(replica) in tried:
+                continue
+            if self._out_until.get((replica.service_id, replica.backend_name), 0.0) > now:
+                continue
+            if best is None or replica.in_flight < best.in_flight:
+                best = replica
+        return best
+
+    async def _call_one(self, model: str, replica: Replica, body: dict[str, Any],
+                        options: CallOptions) -> Outcome:
+        forwarded = dict(body)
+        forwarded["model"] = replica.backend_name
+        call = CallOptions(timeout=replica.timeout, max_reply_bytes=options.max_reply_bytes,
+                           headers=options.headers, tenant_salt=options.tenant_salt)
+        replica.in_flight += 1
+        started = time.perf_counter()
+        try:
+            reply = await replica.backend.systemone(forwarded, call)
+        except BackendTimeout as exc:
+            raise _ReplicaFault(BackendFailed(504, f"model '{model}' did not answer within "
+                                                   f"{replica.timeout:g}s")) from exc
+        except ReplyTooLarge as exc:
+            raise BackendFailed(502, f"model '{model}' answered more than the "
+                                     f"{options.max_reply_bytes}-byte response cap") from exc
+        except BackendError as exc:
+            raise _ReplicaFault(BackendFailed(502, f"the backend of model '{model}' could not be "
+                                                   f"reached or broke the connection")) from exc
+        finally:
+            replica.in_flight -= 1
+        waited = time.perf_counter() - started
+        return self._outcome(model, replica, reply, waited)
+
+    def _outcome(self, model: str, replica: Replica, reply: Reply, waited: float) -> Outcome:
+        backend = replica.backend
+        if backend.decisions_unsupported(reply):
+            raise Unsupported(f"model '{model}' cannot answer decisions: service "
+                              f"'{replica.service_name}' does not serve /v1/systemone "
+                              "(an Ollama older than 0.35.0 or a vLLM without decisions)")
+        if reply.status in (401, 403) and backend.has_credential:
+            raise UpstreamAuthFailed(f"service '{replica.service_name}' rejected Arbiter's credential; "
+                                     "an admin must update the service's key")
+        if reply.status != 200:
+            outcome = Outcome(reply.status, reply.content_type or "application/octet-stream",
+                              reply.body, replica.provider, waited)
+            if reply.status in _REPLICA_FAULT_STATUSES:
+                raise _ReplicaFault(BackendFailed(reply.status, "backend failed"), outcome)
+            return outcome
+        answer = _json_object(reply.body)
+        if answer is None:
+            raise BackendFailed(502, f"the backend of model '{model}' answered something that is "
+                                     "not a JSON object")
+        usage = answer.get("usage")
+        tokens_in = tokens_out = None
+        if isinstance(usage, dict):
+            tokens_in = _count(usage.get("input_tokens"))
+            tokens_out = _count(usage.get("output_tokens"))
+        return Outcome(200, "application/json", _with_model(reply.body, answer, replica.backend_name, model),
+                       replica.provider, waited, tokens_in, tokens_out)
+
+
+class _ReplicaFault(Exception):
+    """A failure that takes the replica out for a while (connection, timeout, 502/503/504)."""
+
+    def __init__(self, error: BackendFailed, reply: Outcome | None = None) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.reply = reply
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        try:
+            value = jsonbody.loads(body)  # integers past 64 bits, which orjson refuses
+        except ArbiterError:
+            return None
+    return value if isinstance(value, dict) else None
+
+
+def _with_model(body: bytes, answer: dict[str, Any], backend_name: str, public_name: str) -> bytes:
+    """The backend's bytes with ``model`` set to the public name; spliced when it leads the object."""
+    if backend_name == public_name and answer.get("model") == public_name:
+        return body
+    stripped = body.lstrip()
+    lead = b'{"model":' + orjson.dumps(backend_name)
+    if answer.get("model") == backend_name and stripped.startswith(lead):
+        return b'{"model":' + orjson.dumps(public_name) + stripped[len(lead):]
+    answer["model"] = public_name
+    return jsonbody.dumps(answer)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

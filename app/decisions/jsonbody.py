@@ -1,0 +1,91 @@
+"""Parse a request body once, strictly; dump what is forwarded with exact numbers.
+
+- duplicate keys and NaN/Infinity are refused (400);
+- floats, and integers too large for 64 bits, are kept as ``orjson.Fragment``
+  holding their original text, so the forwarded body carries the caller's
+  exact number, never a rounded re-encoding.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+from app.errors import ValidationFailed, problem
+
+Fragment = orjson.Fragment
+
+
+class _Refused(ValueError):
+    pass
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _Refused(f"duplicate key {key!r} in a JSON object")
+            seen.add(key)
+    return obj
+
+
+def _constant(name: str) -> Any:
+    raise _Refused(f"{name} is not valid JSON")
+
+
+def _int(text: str) -> Any:
+    if len(text) < 19:
+        return int(text)
+    value = int(text)
+    if -(2**63) <= value < 2**64:
+        return value
+    return Fragment(text)
+
+
+_decoder = json.JSONDecoder(
+    object_pairs_hook=_pairs, parse_float=Fragment, parse_int=_int, parse_constant=_constant
+)
+
+
+def loads(body: bytes) -> Any:
+    """Parse ``body`` or raise ValidationFailed (400) naming what is wrong."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _invalid(f"the body is not UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    try:
+        return _decoder.decode(text)
+    except _Refused as exc:
+        raise _invalid(str(exc)) from exc
+    except json.JSONDecodeError as exc:
+        raise _invalid(f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+    except RecursionError as exc:
+        raise _invalid("the body nests too deeply") from exc
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON, non-ASCII kept (the form the text limit is measured in)."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        # Lone surrogates ("\ud800") parse but cannot be encoded as UTF-8.
+        raise _invalid(f"the body cannot be re-encoded: {exc}") from exc
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, Fragment)) and not isinstance(value, bool)
+
+
+def number_value(value: Any) -> float:
+    if isinstance(value, Fragment):
+        contents = value.contents
+        return float(contents.decode() if isinstance(contents, bytes) else contents)
+    return float(value)
+
+
+def _invalid(message: str) -> ValidationFailed:
+    return ValidationFailed([problem((), message, "json_invalid")])

@@ -1,0 +1,168 @@
+"""The rules of a System One request (SPEC §1), checked on the parsed body.
+
+Hand-written rather than a pydantic model: it reads the parsed object in place,
+so question order and unknown fields are untouched, nothing is copied, and every
+problem is reported with its location.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.decisions import keep_alive
+from app.decisions.jsonbody import is_number
+from app.errors import ValidationFailed, problem
+
+MAX_QUESTIONS = 64
+MAX_CHOICE_OPTIONS = 255
+SCORE_LEVELS = (2, 10)
+MEDIA_FIELDS = {"images": "vision", "audio": "audio", "videos": "video"}
+QUESTION_TYPES = ("choice", "noul", "score")
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRequest:
+    """What the gateway needs to know about a valid request; the body stays as parsed."""
+
+    model: str
+    media: tuple[str, ...]  # the media fields present and non-empty
+    remote_media: bool  # an http(s):// URL among them
+
+
+def validate(body: Any) -> DecisionRequest:
+    """Check ``body`` or raise ValidationFailed with every problem found."""
+    if not isinstance(body, dict):
+        raise ValidationFailed([problem((), "the body must be a JSON object", "model_attributes_type")])
+    problems: list[dict[str, Any]] = []
+
+    model = body.get("model")
+    if "model" not in body:
+        problems.append(problem(("model",), "field required", "missing"))
+    elif not isinstance(model, str) or not model:
+        problems.append(problem(("model",), "must be a non-empty string", "string_type"))
+
+    if "state" not in body:
+        problems.append(problem(("state",), "field required", "missing"))
+    elif not _is_content(body["state"]):
+        problems.append(problem(("state",), "must be a string, object, array or null", "content_type"))
+
+    _check_questions(body, problems)
+
+    if "keep_alive" in body and not keep_alive.valid(body["keep_alive"]):
+        problems.append(problem(
+            ("keep_alive",),
+            "must be a number of seconds or a duration such as \"5m\" or \"1h30m\"",
+            "duration_parsing",
+        ))
+
+    media, remote = _check_media(body, problems)
+    if problems:
+        raise ValidationFailed(problems)
+    return DecisionRequest(model=model, media=media, remote_media=remote)  # type: ignore[arg-type]
+
+
+def _is_content(value: Any) -> bool:
+    return value is None or isinstance(value, (str, dict, list))
+
+
+def _check_questions(body: dict[str, Any], problems: list[dict[str, Any]]) -> None:
+    if "questions" not in body:
+        problems.append(problem(("questions",), "field required", "missing"))
+        return
+    questions = body["questions"]
+    if not isinstance(questions, dict):
+        problems.append(problem(("questions",), "must be an object of named questions", "dict_type"))
+        return
+    if not 1 <= len(questions) <= MAX_QUESTIONS:
+        problems.append(problem(
+            ("questions",), f"must have 1 to {MAX_QUESTIONS} questions, not {len(questions)}",
+            "too_short" if not questions else "too_long",
+        ))
+    for qid, question in questions.items():
+        loc: tuple[Any, ...] = ("questions", qid)
+        if not qid:
+            problems.append(problem(loc, "a question id must be a non-empty string", "string_too_short"))
+        if not isinstance(question, dict):
+            problems.append(problem(loc, "a question must be an object", "dict_type"))
+            continue
+        _check_question(loc, question, problems)
+
+
+def _check_question(loc: tuple[Any, ...], question: dict[str, Any], problems: list[dict[str, Any]]) -> None:
+    qtype = question.get("type")
+    if "type" not in question:
+        problems.append(problem((*loc, "type"), "field required", "missing"))
+        return
+    if qtype not in QUESTION_TYPES:
+        problems.append(problem(
+            (*loc, "type"), f"must be one of 'choice', 'noul', 'score', not {qtype!r}", "literal_error"
+        ))
+        return
+    if "instructions" in question and not _is_content(question["instructions"]):
+        problems.append(problem(
+            (*loc, "instructions"), "must be a string, object, array or null", "content_type"
+        ))
+    where = (*loc, "criteria")
+    criteria = question.get("criteria")
+    if qtype == "choice":
+        if not isinstance(criteria, dict):
+            problems.append(problem(where, "a choice needs criteria: an object of option -> description or null",
+                                    "missing" if criteria is None else "dict_type"))
+        elif not 1 <= len(criteria) <= MAX_CHOICE_OPTIONS:
+            problems.append(problem(where, f"a choice has 1 to {MAX_CHOICE_OPTIONS} options, not {len(criteria)}",
+                                    "too_short" if not criteria else "too_long"))
+        else:
+            for option, text in criteria.items():
+                if text is not None and not isinstance(text, str):
+                    problems.append(problem((*where, option), "must be a string or null", "string_type"))
+    elif qtype == "score":
+        low, high = SCORE_LEVELS
+        if not isinstance(criteria, list):
+            problems.append(problem(where, "a score needs criteria: a list of level descriptions, lowest first",
+                                    "missing" if criteria is None else "list_type"))
+        elif not low <= len(criteria) <= high:
+            problems.append(problem(where, f"a score has {low} to {high} levels, not {len(criteria)}",
+                                    "too_short" if len(criteria) < low else "too_long"))
+        else:
+            for index, text in enumerate(criteria):
+                if not isinstance(text, str):
+                    problems.append(problem((*where, index), "must be a string", "string_type"))
+    elif criteria is not None:  # noul
+        if not isinstance(criteria, dict):
+            problems.append(problem(where, "must be null or an object with \"true\"/\"false\" keys", "dict_type"))
+        else:
+            for key, text in criteria.items():
+                if key not in ("true", "false"):
+                    problems.append(problem((*where, key), "only \"true\" and \"false\" are allowed", "extra_forbidden"))
+                elif not isinstance(text, str):
+                    problems.append(problem((*where, key), "must be a string", "string_type"))
+
+
+def _check_media(body: dict[str, Any], problems: list[dict[str, Any]]) -> tuple[tuple[str, ...], bool]:
+    present: list[str] = []
+    remote = False
+    for field in MEDIA_FIELDS:
+        if field not in body:
+            continue
+        items = body[field]
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            problems.append(problem((field,), "must be a list of base64 strings or data: URLs", "list_type"))
+            continue
+        for index, item in enumerate(items):
+            if not isinstance(item, str) or not item:
+                problems.append(problem((field, index), "must be a base64 string or a data: URL", "string_type"))
+            elif item.startswith(("http://", "https://")):
+                remote = True
+            elif ":" in item[:32] and not item.startswith("data:"):
+                problems.append(problem((field, index), "only base64 strings and data: URLs are accepted",
+                                        "url_scheme"))
+        if items:
+            present.append(field)
+    return tuple(present), remote
+
+
+def is_numberish(value: Any) -> bool:  # re-exported for callers that check state types
+    return is_number(value)

@@ -1,0 +1,73 @@
+"""``create_app(settings)``: one fresh application, no module-level state.
+
+The outer ASGI app sends ``POST /v1/systemone`` to the lean decision route and
+everything else to FastAPI; the middleware stack wraps both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.api import errors
+from app.api.admin import services as admin_services
+from app.api.admin import tenancy as admin_tenancy
+from app.api.asgi import ASGIApp, Receive, Scope, Send
+from app.api.middleware import build_stack
+from app.api.public import routes as public_routes
+from app.api.public.systemone import SystemOneRoute
+from app.components import Components
+from app.settings import Settings
+
+DECISION_PATH = "/v1/systemone"
+
+
+class Arbiter:
+    """The ASGI application. ``components`` and ``fastapi`` are there for tests and tools."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.components = Components(settings)
+        self.fastapi = _build_fastapi(self.components)
+        self.decisions = SystemOneRoute(self.components.keys, self.components.forwarder,
+                                        self.components.touches, settings)
+        self._stack: ASGIApp = build_stack(self._route)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._stack(scope, receive, send)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == DECISION_PATH and scope["method"] == "POST":
+            await self.decisions(scope, receive, send)
+        else:
+            await self.fastapi(scope, receive, send)
+
+
+def _build_fastapi(components: Components) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await components.start()
+        try:
+            yield
+        finally:
+            await components.stop()
+
+    app = FastAPI(title="Arbiter", version="0.1.0", lifespan=lifespan,
+                  description="A multi-tenant gateway for decision models.")
+    app.state.components = components
+    errors.install(app)
+    app.include_router(public_routes.router)
+    app.include_router(admin_tenancy.router)
+    app.include_router(admin_services.router)
+
+    @app.api_route(DECISION_PATH, methods=["POST"], include_in_schema=True, tags=["decisions"])
+    async def systemone_doc() -> None:  # pragma: no cover - POST never reaches FastAPI
+        """System One decisions (SPEC §1). Served by the lean ASGI route."""
+
+    return app
+
+
+def create_app(settings: Settings | None = None) -> Arbiter:
+    return Arbiter(settings or Settings())

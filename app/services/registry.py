@@ -1,0 +1,128 @@
+"""The model registry: public name -> the replicas that serve it. Built in one place,
+held in memory (no database on the hot path), reloaded from the database on a
+schedule and at once after an admin change in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from app.db.session import Database
+from app.services import service as services
+from app.services.backends import PROVIDER_NAMES, make_backend
+from app.settings import Settings
+from infra_adapters.base import Backend
+
+log = logging.getLogger("arbiter.registry")
+
+
+@dataclass(eq=False, slots=True)
+class Replica:
+    """One service's copy of a public model. ``in_flight`` is this process's count."""
+
+    service_id: int
+    service_name: str
+    service_type: str
+    backend: Backend
+    backend_name: str
+    capabilities: frozenset[str]
+    text_limit: int
+    timeout: float
+    created: int
+    in_flight: int = 0
+
+    @property
+    def provider(self) -> str:
+        return PROVIDER_NAMES.get(self.service_type, self.service_type)
+
+
+@dataclass(slots=True)
+class ModelEntry:
+    public_name: str
+    replicas: list[Replica] = field(default_factory=list)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        caps: frozenset[str] = frozenset()
+        for replica in self.replicas:
+            caps |= replica.capabilities
+        return caps
+
+
+class Registry:
+    def __init__(self, database: Database, settings: Settings) -> None:
+        self._database = database
+        self._settings = settings
+        self._models: dict[str, ModelEntry] = {}
+        self._backends: dict[int, tuple[tuple[str, str, str | None], Backend]] = {}
+        self._lock = asyncio.Lock()
+
+    def get(self, public_name: str) -> ModelEntry | None:
+        return self._models.get(public_name)
+
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    def entries(self) -> list[ModelEntry]:
+        return [self._models[name] for name in sorted(self._models)]
+
+    async def reload(self) -> None:
+        async with self._lock:
+            rows = await asyncio.to_thread(self._read)
+            self._apply(rows)
+
+    def _read(self) -> list[tuple[int, str, str, str, str | None, int, float | None, str, str, list[str], float | None, int]]:
+        with self._database.session() as session:
+            return [
+                (s.id, s.name, s.type, s.url, s.credential, s.text_limit, s.timeout,
+                 m.public_name, m.backend_name, list(m.capabilities), m.timeout,
+                 int(m.created_at.timestamp()) if m.created_at else 0)
+                for m, s in services.all_models(session)
+            ]
+
+    def _apply(self, rows: list) -> None:  # type: ignore[type-arg]
+        models: dict[str, ModelEntry] = {}
+        old_replicas = {(r.service_id, r.backend_name): r for e in self._models.values() for r in e.replicas}
+        live_services: set[int] = set()
+        for (service_id, service_name, service_type, url, credential, text_limit, service_timeout,
+             public, backend_name, caps, model_timeout, created) in rows:
+            live_services.add(service_id)
+            backend = self._backend(service_id, service_type, url, credential)
+            timeout = model_timeout or service_timeout or self._settings.backend_timeout
+            replica = Replica(service_id, service_name, service_type, backend, backend_name,
+                              frozenset(caps), text_limit, timeout, created)
+            previous = old_replicas.get((service_id, backend_name))
+            if previous is not None and previous.backend is backend:
+                replica.in_flight = previous.in_flight
+            models.setdefault(public, ModelEntry(public)).replicas.append(replica)
+        self._models = models
+        for service_id in list(self._backends):
+            if service_id not in live_services:
+                _, backend = self._backends.pop(service_id)
+                asyncio.get_running_loop().create_task(backend.aclose())
+
+    def _backend(self, service_id: int, service_type: str, url: str, credential: str | None) -> Backend:
+        identity = (service_type, url, credential)
+        known = self._backends.get(service_id)
+        if known is not None and known[0] == identity:
+            return known[1]
+        backend = make_backend(service_type, url, credential, self._settings)
+        if known is not None:
+            asyncio.get_running_loop().create_task(known[1].aclose())
+        self._backends[service_id] = (identity, backend)
+        return backend
+
+    async def run(self, interval: float) -> None:
+        """Reload forever (a background task of the app)."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.reload()
+            except Exception:  # the database may be away; keep serving what we have
+                log.exception("registry reload failed; serving the last known models")
+
+    async def aclose(self) -> None:
+        for _, backend in self._backends.values():
+            await backend.aclose()
+        self._backends.clear()

@@ -1,0 +1,86 @@
+"""The one settings object. Read once, passed into ``create_app(settings)``.
+
+Every field is documented in docs/configuration.md; a test fails when one is not.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MiB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ARBITER_", extra="ignore")
+
+    # Where state lives.
+    database_url: str = Field(
+        "sqlite:///./arbiter.db",
+        description="sqlite:///path or postgresql://user@host/db; Arbiter picks the driver.",
+    )
+    auto_migrate: bool = Field(False, description="Apply migrations at start-up.")
+
+    # Serving.
+    host: str = Field("127.0.0.1", description="Address `arbiter serve` binds to.")
+    port: int = Field(8080, description="Port `arbiter serve` binds to.")
+
+    # Limits (SPEC §1).
+    max_body_bytes: int = Field(32 * MiB, description="Largest request body, after decoding.")
+    max_response_bytes: int = Field(16 * MiB, description="Largest backend answer accepted.")
+    default_text_limit: int = Field(
+        64 * 1024, description="Text limit of a new service (its own setting overrides)."
+    )
+    allow_remote_media_urls: bool = Field(
+        False, description="Let http(s):// media URLs through to backends (SSRF risk)."
+    )
+
+    # Keys.
+    key_pepper: SecretStr | None = Field(
+        None, description="Server pepper: key digests become HMAC-SHA-256 with it."
+    )
+    bootstrap_admin_key: SecretStr | None = Field(
+        None, description="An admin key to register at start-up when no admin key exists."
+    )
+    key_cache_ttl: float = Field(30.0, description="Seconds a resolved key stays cached.")
+
+    # Backends.
+    backend_connect_timeout: float = Field(5.0, description="Seconds to connect to a backend.")
+    backend_timeout: float = Field(
+        120.0, description="Seconds a backend may take to answer (a model's own timeout wins)."
+    )
+    backend_admin_timeout: float = Field(
+        10.0, description="Seconds for admin calls to a backend (version, model lists)."
+    )
+    backend_pool_size: int = Field(256, description="Connections per backend pool.")
+    replica_backoff: float = Field(
+        10.0, description="Seconds a replica is left out after a connection error, timeout or 5xx."
+    )
+    registry_refresh_interval: float = Field(
+        5.0, description="Seconds between reloads of services and models from the database."
+    )
+
+    # Background writes.
+    flush_interval: float = Field(1.0, description="Seconds between batched writes.")
+
+    # Logs.
+    log_level: str = Field("INFO", description="Log level of the JSON logs.")
+    log_payloads: bool = Field(False, description="Log request states (personal data!).")
+
+    @field_validator("max_body_bytes", "max_response_bytes", "default_text_limit")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError("must be a positive number of bytes")
+        return value
+
+    def sqlalchemy_url(self) -> str:
+        """The database URL with the driver Arbiter uses filled in."""
+        return sqlalchemy_url(self.database_url)
+
+
+def sqlalchemy_url(url: str) -> str:
+    for plain in ("postgresql://", "postgres://"):
+        if url.startswith(plain):
+            return "postgresql+psycopg://" + url[len(plain) :]
+    return url

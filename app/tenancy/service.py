@@ -1,0 +1,258 @@
+"""Organizations, projects and keys: the operations the admin API and the CLI share."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app import audit
+from app.db.models import ApiKey, Organization, Project, utcnow
+from app.errors import Conflict, InvalidRequest, NotFound
+from app.tenancy.keys import KeyHasher
+from app.tenancy.principal import Principal
+
+DEFAULT_ORGANIZATION = "default"
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who makes an admin change, for the audit log."""
+
+    name: str
+    request_id: str | None = None
+
+
+CLI = Actor("cli")
+
+
+def normalize_allowlist(models: Any) -> list[str] | None:
+    """"all" -> None; a list (or comma-separated string) of public names -> that list."""
+    if models is None or models == "all":
+        return None
+    if isinstance(models, str):
+        models = [m.strip() for m in models.split(",") if m.strip()]
+    if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+        raise InvalidRequest("models must be \"all\" or a list of public model names")
+    return sorted(set(models))
+
+
+def create_organization(session: Session, name: str, actor: Actor) -> Organization:
+    _check_name(name, "organization")
+    if session.scalar(select(Organization).where(Organization.name == name)):
+        raise Conflict(f"organization '{name}' already exists")
+    org = Organization(name=name)
+    session.add(org)
+    session.flush()
+    audit.record(session, actor=actor.name, action="organization.create", target=f"organization:{name}",
+                 request_id=actor.request_id)
+    return org
+
+
+def _organization(session: Session, name: str | None) -> Organization:
+    name = name or DEFAULT_ORGANIZATION
+    org = session.scalar(select(Organization).where(Organization.name == name))
+    if org is None:
+        if name != DEFAULT_ORGANIZATION:
+            raise NotFound(f"organization '{name}' does not exist; create it first")
+        org = Organization(name=name)
+        session.add(org)
+        session.flush()
+    return org
+
+
+def create_project(session: Session, name: str, actor: Actor, *, models: Any = "all",
+                   organization: str | None = None) -> Project:
+    _check_name(name, "project")
+    allowed = normalize_allowlist(models)
+    if session.scalar(select(Project).where(Project.name == name)):
+        raise Conflict(f"project '{name}' already exists")
+    org = _organization(session, organization)
+    project = Project(name=name, organization_id=org.id, allowed_models=allowed, archived=False)
+    session.add(project)
+    try:
+        session.flush()
+    except IntegrityError as exc:
+        raise Conflict(f"project '{name}' already exists") from exc
+    audit.record(session, actor=actor.name, action="project.create", target=f"project:{name}",
+                 request_id=actor.request_id, details={"models": allowed if allowed is not None else "all",
+                                                       "organization": org.name})
+    return project
+
+
+def update_project(session: Session, name: str, actor: Actor, *, models: Any = None,
+                   archived: bool | None = None, set_models: bool = False) -> Project:
+    project = get_project(session, name)
+    details: dict[str, Any] = {}
+    if set_models:
+        project.allowed_models = normalize_allowlist(models)
+        details["models"] = project.allowed_models if project.allowed_models is not None else "all"
+    if archived is not None:
+        project.archived = archived
+        details["archived"] = archived
+    audit.record(session, actor=actor.name, action="project.update", target=f"project:{name}",
+                 request_id=actor.request_id, details=details)
+    return project
+
+
+def get_project(session: Session, name: str) -> Project:
+    project = session.scalar(select(Project).where(Project.name == name))
+    if project is None:
+        raise NotFound(f"project '{name}' does not exist")
+    return project
+
+
+def list_projects(session: Session) -> list[Project]:
+    return list(session.scalars(select(Project).order_by(Project.name)))
+
+
+def create_key(session: Session, hasher: KeyHasher, actor: Actor, *, kind: str,
+               project: str | None = None, name: str = "",
+               expires_at: dt.datetime | None = None) -> tuple[ApiKey, str]:
+    """A new key and its value (the only time the value exists outside the caller)."""
+    project_id = None
+    if kind == "project":
+        if not project:
+            raise InvalidRequest("a project key needs a project")
+        project_obj = get_project(session, project)
+        if project_obj.archived:
+            raise InvalidRequest(f"project '{project}' is archived; unarchive it first")
+        project_id = project_obj.id
+    if expires_at is not None and expires_at.tzinfo is None:
+        expires_at = expires_at.replace(tzinfo=dt.UTC)
+    new = hasher.new(kind)
+    key = ApiKey(kind=kind, project_id=project_id, name=name, digest=new.digest, prefix=new.prefix,
+                 last_four=new.last_four, expires_at=expires_at)
+    session.add(key)
+    session.flush()
+    audit.record(session, actor=actor.name, action=f"{kind}_key.create",
+                 target=f"key:{key.id}:{key.prefix}", request_id=actor.request_id,
+                 details={"project": project, "name": name,
+                          "expires_at": expires_at.isoformat() if expires_at else None})
+    return key, new.value
+
+
+def get_key(session: Session, key_id: int) -> ApiKey:
+    key = session.get(ApiKey, key_id)
+    if key is None:
+        raise NotFound(f"key {key_id} does not exist")
+    return key
+
+
+def revoke_key(session: Session, key_id: int, actor: Actor, *, at: dt.datetime | None = None) -> ApiKey:
+    key = get_key(session, key_id)
+    if key.revoked_at is None or (at is None and key.revoked_at > utcnow()):
+        key.revoked_at = at or utcnow()
+    audit.record(session, actor=actor.name, action="key.revoke", target=f"key:{key.id}:{key.prefix}",
+                 request_id=actor.request_id)
+    return key
+
+
+def rotate_key(session: Session, hasher: KeyHasher, key_id: int, actor: Actor, *,
+               grace_seconds: int) -> tuple[ApiKey, str]:
+    """A new key for the same project; the old one keeps working for ``grace_seconds``."""
+    if grace_seconds < 0 or grace_seconds > 30 * 86400:
+        raise InvalidRequest("grace_seconds must be between 0 and 2592000 (30 days)")
+    old = get_key(session, key_id)
+    if old.revoked_at is not None and old.revoked_at <= utcnow():
+        raise InvalidRequest(f"key {key_id} is revoked; create a new key instead")
+    project = session.get(Project, old.project_id) if old.project_id else None
+    new, value = create_key(session, hasher, actor, kind=old.kind,
+                            project=project.name if project else None, name=old.name,
+                            expires_at=old.expires_at)
+    old.revoked_at = utcnow() + dt.timedelta(seconds=grace_seconds)
+    old.replaced_by_id = new.id
+    audit.record(session, actor=actor.name, action="key.rotate", target=f"key:{old.id}:{old.prefix}",
+                 request_id=actor.request_id, details={"new_key": new.id, "grace_seconds": grace_seconds})
+    return new, value
+
+
+def list_keys(session: Session, *, project: str | None = None, kind: str | None = None) -> list[ApiKey]:
+    query = select(ApiKey).order_by(ApiKey.id)
+    if project is not None:
+        query = query.where(ApiKey.project_id == get_project(session, project).id)
+    if kind is not None:
+        query = query.where(ApiKey.kind == kind)
+    return list(session.scalars(query))
+
+
+def key_view(key: ApiKey, project_name: str | None = None) -> dict[str, Any]:
+    """A key as the admin API shows it: never its value or digest."""
+    return {
+        "id": key.id, "kind": key.kind, "name": key.name, "project": project_name,
+        "prefix": key.prefix, "last_four": key.last_four,
+        "created_at": _iso(key.created_at), "expires_at": _iso(key.expires_at),
+        "revoked_at": _iso(key.revoked_at), "last_used_at": _iso(key.last_used_at),
+        "replaced_by": key.replaced_by_id,
+    }
+
+
+def project_view(project: Project) -> dict[str, Any]:
+    return {"id": project.id, "name": project.name,
+            "models": project.allowed_models if project.allowed_models is not None else "all",
+            "archived": project.archived, "created_at": _iso(project.created_at)}
+
+
+def load_principal(session: Session, digest: str) -> Principal | None:
+    """The principal behind a digest, for the key cache (a cache miss)."""
+    row = session.execute(
+        select(ApiKey, Project).outerjoin(Project, Project.id == ApiKey.project_id)
+        .where(ApiKey.digest == digest)
+    ).first()
+    if row is None:
+        return None
+    key, project = row
+    return Principal(
+        key_id=key.id, kind=key.kind, key_prefix=key.prefix,
+        project_id=project.id if project else None,
+        project_name=project.name if project else None,
+        allowed_models=(frozenset(project.allowed_models)
+                        if project is not None and project.allowed_models is not None else None),
+        archived=bool(project.archived) if project else False,
+        expires_at=_aware(key.expires_at), revoked_at=_aware(key.revoked_at),
+    )
+
+
+def any_admin_key(session: Session) -> bool:
+    return session.scalar(select(ApiKey.id).where(ApiKey.kind == "admin").limit(1)) is not None
+
+
+def ensure_bootstrap_admin_key(session: Session, hasher: KeyHasher, value: str) -> bool:
+    """Register ``value`` as an admin key when none exists yet (first start)."""
+    if any_admin_key(session):
+        return False
+    if not value.startswith("arb_admin_") or len(value) < 30:
+        raise InvalidRequest("ARBITER_BOOTSTRAP_ADMIN_KEY must start with 'arb_admin_' and be 30+ characters")
+    key = ApiKey(kind="admin", digest=hasher.digest(value), prefix=value[:14], last_four=value[-4:],
+                 name="bootstrap")
+    session.add(key)
+    session.flush()
+    audit.record(session, actor="environment", action="admin_key.create", target=f"key:{key.id}:{key.prefix}",
+                 details={"name": "bootstrap"})
+    return True
+
+
+def touch_keys(session: Session, last_used: dict[int, dt.datetime]) -> None:
+    """Batched ``last_used_at`` writes, from the background writer."""
+    for key_id, at in last_used.items():
+        session.execute(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=at))
+
+
+def _check_name(name: str, what: str) -> None:
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise InvalidRequest(f"a {what} name must be a non-empty string of at most 200 characters")
+
+
+def _aware(value: dt.datetime | None) -> dt.datetime | None:
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)  # SQLite drops the zone
+    return value
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    value = _aware(value)
+    return value.isoformat() if value else None

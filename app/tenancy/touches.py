@@ -1,0 +1,41 @@
+"""``last_used_at`` of keys, written in batches off the request path."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+
+from app.db.session import Database
+from app.tenancy import service as tenancy
+
+log = logging.getLogger("arbiter.touches")
+
+
+class KeyTouches:
+    def __init__(self, database: Database) -> None:
+        self._database = database
+        self._pending: dict[int, dt.datetime] = {}
+
+    def touch(self, key_id: int) -> None:
+        self._pending[key_id] = dt.datetime.now(dt.UTC)
+
+    async def flush(self) -> None:
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, {}
+        try:
+            await asyncio.to_thread(self._write, batch)
+        except Exception:
+            log.exception("writing last_used_at failed; will retry")
+            for key_id, at in batch.items():
+                self._pending.setdefault(key_id, at)
+
+    def _write(self, batch: dict[int, dt.datetime]) -> None:
+        with self._database.session() as session:
+            tenancy.touch_keys(session, batch)
+
+    async def run(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await self.flush()

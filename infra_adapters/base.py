@@ -1,0 +1,96 @@
+"""The interface every backend adapter implements, and the errors it raises.
+
+An adapter knows HTTP and one backend's protocol; it knows nothing of tenants.
+Forwarding (the hot path) uses one pooled aiohttp session per backend; admin
+calls (version, model lists) use a short-lived httpx client.
+
+    BackendError
+    ├── BackendUnreachable   could not connect (refused, DNS, TLS)
+    ├── BackendBroken        connection dropped or reset mid-answer
+    ├── BackendTimeout       no complete answer within the timeout
+    ├── ReplyTooLarge        the answer is over the response cap
+    └── BackendProtocolError the answer is not what the protocol promises
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class BackendError(Exception):
+    """A backend failed; the message names the backend and what happened, never a secret."""
+
+
+class BackendUnreachable(BackendError):
+    pass
+
+
+class BackendBroken(BackendError):
+    pass
+
+
+class BackendTimeout(BackendError):
+    pass
+
+
+class ReplyTooLarge(BackendError):
+    pass
+
+
+class BackendProtocolError(BackendError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteModel:
+    """A model as the backend lists it."""
+
+    name: str
+    capabilities: frozenset[str] = field(default_factory=frozenset)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A backend's answer, as bytes: passed through unchanged unless it is a 200."""
+
+    status: int
+    content_type: str | None
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CallOptions:
+    """Per-call settings that come from the gateway, not the request."""
+
+    timeout: float
+    max_reply_bytes: int
+    headers: dict[str, str] = field(default_factory=dict)  # traceparent, tracestate, request id
+    tenant_salt: str | None = None  # per-project prefix-cache salt, for backends that take one
+
+
+class Backend(Protocol):
+    """One backend instance (a service). Implemented by OllamaBackend, VllmBackend."""
+
+    kind: str
+    url: str
+
+    @property
+    def has_credential(self) -> bool:
+        """True when Arbiter sends its own credential to this backend."""
+
+    def read_version(self) -> str | None:
+        """The backend's version string, or None when it gives none it can read."""
+
+    def list_models(self) -> list[RemoteModel]:
+        """The models the backend serves, with their capabilities."""
+
+    async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:
+        """POST a System One request (``body`` already carries the backend's model name)."""
+
+    def decisions_unsupported(self, reply: Reply) -> bool:
+        """True when ``reply`` says the backend has no decision endpoint at all."""
+
+    async def aclose(self) -> None:
+        """Close pooled connections."""

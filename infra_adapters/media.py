@@ -1,0 +1,47 @@
+"""Media items: base64 strings turned into data: URLs for backends that want URLs."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+_SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
+    (b"\x89PNG", 0, "image/png"),
+    (b"\xff\xd8\xff", 0, "image/jpeg"),
+    (b"GIF8", 0, "image/gif"),
+    (b"WEBP", 8, "image/webp"),
+    (b"WAVE", 8, "audio/wav"),
+    (b"ID3", 0, "audio/mpeg"),
+    (b"\xff\xfb", 0, "audio/mpeg"),
+    (b"OggS", 0, "audio/ogg"),
+    (b"fLaC", 0, "audio/flac"),
+    (b"ftyp", 4, "video/mp4"),
+    (b"\x1aE\xdf\xa3", 0, "video/webm"),
+)
+
+
+def sniff(b64: str) -> str:
+    """The media type of a base64 payload, from its first bytes."""
+    try:
+        head = base64.b64decode(b64[:24] + "=" * (-len(b64[:24]) % 4), validate=False)
+    except (binascii.Error, ValueError):
+        return "application/octet-stream"
+    for signature, offset, media_type in _SIGNATURES:
+        if head[offset: offset + len(signature)] == signature:
+            return media_type
+    return "application/octet-stream"
+
+
+def as_data_url(item: str) -> str:
+    if item.startswith(("data:", "http://", "https://")):
+        return item
+    return f"data:{sniff(item)};base64,{item}"
+
+
+def as_base64(item: str) -> str:
+    """The payload of a ``data:...;base64,`` URL; anything else unchanged."""
+    if item.startswith("data:"):
+        head, sep, payload = item.partition(",")
+        if sep and head.endswith(";base64"):
+            return payload
+    return item

@@ -1,0 +1,140 @@
+"""Test support: Arbiter in a thread on a free port, provisioning, and the one helper
+that asserts SPEC §1's error shape."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import uvicorn
+
+from app.db.session import Database
+from app.main import create_app
+from app.services import service as services
+from app.settings import Settings
+from app.tenancy import service as tenancy
+from app.tenancy.keys import KeyHasher
+from app.tenancy.service import CLI
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "request_too_large", 415: "unsupported_error",
+               429: "rate_limit_error", 500: "upstream_auth_error", 502: "backend_error",
+               503: "backend_error", 504: "backend_error"}
+
+
+def assert_error(response: httpx.Response, status: int, error_type: str | None = None) -> dict[str, Any]:
+    """The response is an Arbiter error of ``status`` with both ``error`` and ``detail``."""
+    assert response.status_code == status, (response.status_code, response.text)
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"error", "detail"}, body
+    assert isinstance(body["error"], str) and body["error"]
+    expected = error_type or ERROR_TYPES[status]
+    if isinstance(body["detail"], list):
+        assert expected == "invalid_request_error" and status == 400
+        for item in body["detail"]:
+            assert set(item) == {"loc", "msg", "type"} and item["loc"][0] == "body", item
+    else:
+        assert body["detail"] == {"error_type": expected, "message": body["error"]}, body
+    return body
+
+
+class Gateway:
+    """Arbiter served by uvicorn in a daemon thread, on a free loopback port."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.app = create_app(settings)
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self.port = self._socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(self.app, lifespan="on", log_level="warning", access_log=False,
+                                loop="asyncio", http="httptools")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
+                                        daemon=True)
+
+    def start(self) -> Gateway:
+        self._thread.start()
+        deadline = time.monotonic() + 15
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("Arbiter did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=15)
+        self._socket.close()
+
+    def client(self, key: str | None = None, **kwargs: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=kwargs.pop("timeout", 30), **kwargs)
+
+
+def start_gateway(database_url: str, **overrides: Any) -> Gateway:
+    values: dict[str, Any] = {"database_url": database_url, "registry_refresh_interval": 0.2,
+                              "flush_interval": 0.1, **overrides}
+    return Gateway(Settings(**values)).start()
+
+
+@dataclass
+class Stack:
+    """A provisioned deployment: project 'acme' (all models), its key, and an admin key."""
+
+    db: Database
+    project_key: str
+    admin_key: str
+    gateway: Any = None
+    ollama: Any = None
+    ollama_state: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def provision(cls, db: Database, *, ollama_url: str | None = None, vllm_url: str | None = None,
+                  models: Any = "all") -> Stack:
+        hasher = KeyHasher()
+        settings = Settings(database_url=db.url)
+        with db.session() as session:
+            if ollama_url:
+                services.add_service(session, settings, CLI, type="ollama-external", url=ollama_url,
+                                     name="ollama")
+            if vllm_url:
+                services.add_service(session, settings, CLI, type="vllm", url=vllm_url, name="vllm")
+            tenancy.create_project(session, "acme", CLI, models=models)
+            _, project_key = tenancy.create_key(session, hasher, CLI, kind="project", project="acme")
+            _, admin_key = tenancy.create_key(session, hasher, CLI, kind="admin")
+        return cls(db=db, project_key=project_key, admin_key=admin_key)
+
+    def new_project(self, name: str, models: Any = "all") -> str:
+        with self.db.session() as session:
+            tenancy.create_project(session, name, CLI, models=models)
+            return tenancy.create_key(session, KeyHasher(), CLI, kind="project", project=name)[1]
+
+    def client(self, key: str | None = "project", **kwargs: Any) -> httpx.Client:
+        value = {"project": self.project_key, "admin": self.admin_key}.get(key or "", key)
+        return self.gateway.client(value, **kwargs)
+
+
+def decision(model: str = "nimble", **extra: Any) -> dict[str, Any]:
+    """A valid System One request with all three question types."""
+    body: dict[str, Any] = {
+        "model": model,
+        "state": {"ticket": "My card was charged twice."},
+        "questions": {
+            "team": {"type": "choice", "instructions": "Which team?",
+                     "criteria": {"billing": "payments and refunds", "shipping": None}},
+            "urgent": {"type": "noul", "instructions": "Reply within the hour?",
+                       "criteria": {"true": "money is moving"}},
+            "tone": {"type": "score", "instructions": "How upset?",
+                     "criteria": ["calm", "annoyed", "furious"]},
+        },
+    }
+    body.update(extra)
+    return body
