@@ -99,11 +99,9 @@ def _with_session(work: Callable[[Any, Any, Settings], Any]) -> Any:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from app.components import Components
     from app.db.migrate import NotMigrated
-    from app.main import create_app
+    from app.server import serve
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = Settings(**overrides)
@@ -117,9 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     finally:
         check.database.dispose()
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, loop="uvloop",
-                http="httptools", lifespan="on", access_log=False, log_level="warning",
-                timeout_graceful_shutdown=30)
+    serve(settings)
     return 0
 
 

@@ -65,7 +65,6 @@ class Settings(BaseSettings):
 
     # Logs.
     log_level: str = Field("INFO", description="Log level of the JSON logs.")
-    log_payloads: bool = Field(False, description="Log request states (personal data!).")
 
     @field_validator("max_body_bytes", "max_response_bytes", "default_text_limit")
     @classmethod

@@ -13,6 +13,8 @@ _SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
     (b"WAVE", 8, "audio/wav"),
     (b"ID3", 0, "audio/mpeg"),
     (b"\xff\xfb", 0, "audio/mpeg"),
+    (b"\xff\xf3", 0, "audio/mpeg"),
+    (b"\xff\xf2", 0, "audio/mpeg"),
     (b"OggS", 0, "audio/ogg"),
     (b"fLaC", 0, "audio/flac"),
     (b"ftyp", 4, "video/mp4"),

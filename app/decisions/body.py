@@ -37,10 +37,9 @@ def check_length(header: str | None, cap: int) -> None:
     """Refuse a declared Content-Length over the cap before reading anything."""
     if header is None:
         return
-    try:
-        length = int(header)
-    except ValueError as exc:
-        raise InvalidRequest("Content-Length is not a number") from exc
+    if not header.isascii() or not header.isdigit():
+        raise InvalidRequest("Content-Length is not a number")
+    length = int(header)
     if length > cap:
         raise TooLarge(f"the body is {length} bytes, over the {cap}-byte limit")
 
@@ -101,9 +100,22 @@ def _zstd(compressed: bytes, cap: int) -> bytes:
             out += chunk
             if len(out) > cap:
                 raise _too_large(cap)
+        # The capped read above bounds the output; this pass proves every frame is whole
+        # (stream_reader returns a prefix of a truncated frame without complaint).
+        _check_zstd_frames(compressed)
     except zstandard.ZstdError as exc:
         raise InvalidRequest(f"the zstd body is corrupt: {exc}") from exc
     return bytes(out)
+
+
+def _check_zstd_frames(data: bytes) -> None:
+    decompressor = zstandard.ZstdDecompressor()
+    while data:
+        frame = decompressor.decompressobj()
+        frame.decompress(data)
+        if not frame.eof:
+            raise InvalidRequest("the zstd body is truncated")
+        data = frame.unused_data
 
 
 async def read_body(receive: Receive, encoding: str, cap: int) -> bytes:

@@ -54,6 +54,7 @@ class Forwarder:
         self._registry = registry
         self._settings = settings
         self._out_until: dict[tuple[int, str], float] = {}
+        self._turn = 0
         self._salt_seed = settings.key_pepper.get_secret_value() if settings.key_pepper else ""
 
     async def decide(self, principal: Principal, body: dict[str, Any], request: DecisionRequest,
@@ -124,9 +125,12 @@ class Forwarder:
                                  "try again shortly", retry_after=max(1, int(self._settings.replica_backoff)))
 
     def _pick(self, replicas: list[Replica], tried: set[int]) -> Replica | None:
+        """The available replica with the fewest requests in flight; ties take turns."""
         now = time.monotonic()
         best: Replica | None = None
-        for replica in replicas:
+        self._turn += 1
+        start = self._turn % len(replicas)
+        for replica in replicas[start:] + replicas[:start] if start else replicas:
             if id(replica) in tried:
                 continue
             if self._out_until.get((replica.service_id, replica.backend_name), 0.0) > now:

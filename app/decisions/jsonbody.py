@@ -40,10 +40,11 @@ def _constant(name: str) -> Any:
 def _int(text: str) -> Any:
     if len(text) < 19:
         return int(text)
-    value = int(text)
-    if -(2**63) <= value < 2**64:
-        return value
-    return Fragment(text)
+    if len(text) <= 20:  # maybe still within 64 bits, which orjson encodes natively
+        value = int(text)
+        if -(2**63) <= value < 2**64:
+            return value
+    return Fragment(text)  # kept as text: never int() on thousands of digits
 
 
 _decoder = json.JSONDecoder(
@@ -82,8 +83,7 @@ def is_number(value: Any) -> bool:
 
 def number_value(value: Any) -> float:
     if isinstance(value, Fragment):
-        contents = value.contents
-        return float(contents.decode() if isinstance(contents, bytes) else contents)
+        return float(orjson.dumps(value))  # a Fragment dumps as its own text
     return float(value)
 
 

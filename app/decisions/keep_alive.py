@@ -9,7 +9,7 @@ from app.decisions.jsonbody import is_number
 
 _UNITS = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": 10**9,
           "m": 60 * 10**9, "h": 3600 * 10**9}
-_PART = re.compile(r"(\d*)(?:\.(\d*))?(ns|us|µs|μs|ms|s|m|h)")
+_PART = re.compile(r"([0-9]*)(?:\.([0-9]*))?(ns|us|µs|μs|ms|s|m|h)")
 _MAX_NS = 2**63 - 1
 
 
@@ -45,6 +45,6 @@ def duration_ns(text: str) -> int | None:
 
 
 def valid(value: Any) -> bool:
-    if is_number(value):
+    if value is None or is_number(value):  # null: the backend's default, as if absent
         return True
     return isinstance(value, str) and duration_ns(value) is not None

@@ -154,9 +154,9 @@ def _check_media(body: dict[str, Any], problems: list[dict[str, Any]]) -> tuple[
         for index, item in enumerate(items):
             if not isinstance(item, str) or not item:
                 problems.append(problem((field, index), "must be a base64 string or a data: URL", "string_type"))
-            elif item.startswith(("http://", "https://")):
+            elif item[:8].lower().startswith(("http://", "https://")):
                 remote = True
-            elif ":" in item[:32] and not item.startswith("data:"):
+            elif ":" in item[:32] and item[:5].lower() != "data:":
                 problems.append(problem((field, index), "only base64 strings and data: URLs are accepted",
                                         "url_scheme"))
         if items:

@@ -1,0 +1,208 @@
+"""jsonbody: strict one-shot parsing (SPEC §1) and exact-number dumps."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from app.decisions.jsonbody import dumps, is_number, loads, number_value
+from app.errors import InvalidRequest, ValidationFailed
+
+
+def refused(body: bytes) -> ValidationFailed:
+    with pytest.raises(ValidationFailed) as caught:
+        loads(body)
+    error = caught.value
+    assert isinstance(error, InvalidRequest) and error.status == 400
+    assert error.problems[0]["loc"] == ["body"]
+    assert error.problems[0]["type"] == "json_invalid"
+    return error
+
+
+# --- refusals ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"a": 1, "a": 2}',
+        b'{"a": 1, "a": 1}',
+        b'{"model": "x", "questions": {"q": {"type": "noul"}}, "model": "y"}',
+        b'{"a": {"b": 1, "b": 2}}',
+        b'{"q": {"x": {"type": "choice", "type": "noul"}}}',
+        b'[{"x": 1}, {"y": 1, "y": null}]',
+        b'{"a": 1, "\\u0061": 2}',  # the same key, spelt with an escape
+    ],
+)
+def test_duplicate_keys_refused(body: bytes) -> None:
+    assert "duplicate key" in refused(body).message
+
+
+def test_same_key_in_sibling_objects_is_fine() -> None:
+    assert loads(b'{"a": {"k": 1}, "b": {"k": 2}}') == {"a": {"k": 1}, "b": {"k": 2}}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"a": NaN}', b'{"a": Infinity}', b'{"a": -Infinity}', b"NaN", b"[1, Infinity]",
+     b'{"a": nan}', b'{"a": inf}'],
+)
+def test_nan_and_infinity_refused(body: bytes) -> None:
+    refused(body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"a": "\xff"}',
+        b'{"a": "\xc3"}',  # truncated two-byte sequence
+        b'{"a": "\xc0\xaf"}',  # overlong encoding
+        b'{"a": "\xed\xa0\x80"}',  # an encoded surrogate
+        b'{"\xfe": 1}',
+    ],
+)
+def test_invalid_utf8_refused(body: bytes) -> None:
+    assert "UTF-8" in refused(body).message
+
+
+def test_bom_refused() -> None:
+    refused(b'\xef\xbb\xbf{"model": "x"}')
+
+
+@pytest.mark.parametrize("body", [b"", b" ", b"{", b'{"a": 1} x', b"{'a': 1}", b'{"a": 1,}',
+                                  b"[1, 2", b'{"a" 1}', b"undefined", b'{"a": 01}'])
+def test_not_json_refused(body: bytes) -> None:
+    refused(body)
+
+
+@pytest.mark.parametrize("depth", [5_000, 100_000, 1_000_000])
+def test_deep_nesting_refused_cleanly(depth: int) -> None:
+    refused(b"[" * depth + b"]" * depth)
+    refused(b'{"a":' * depth + b"1" + b"}" * depth)
+
+
+def test_deep_but_parseable_nesting_fails_cleanly_on_dumps() -> None:
+    # Deep enough that orjson's encoder gives up, shallow enough for the decoder.
+    value = loads(b"[" * 400 + b"]" * 400)
+    with pytest.raises(ValidationFailed):
+        dumps(value)
+
+
+def test_lone_surrogate_parses_but_dumps_is_a_400() -> None:
+    value = loads(b'{"a": "x\\ud800y"}')
+    with pytest.raises(ValidationFailed) as caught:
+        dumps(value)
+    assert caught.value.status == 400
+    value = loads(b'{"\\udc00": 1}')
+    with pytest.raises(ValidationFailed):
+        dumps(value)
+
+
+def test_escaped_surrogate_pair_is_one_character() -> None:
+    assert dumps(loads(b'{"a":"\\ud83d\\ude00"}')) == '{"a":"\U0001f600"}'.encode()
+
+
+# --- exact numbers -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"1.10", b"1e400", b"-1e400", b"-0.0", b"0.0", b"1E-7", b"2.50e+3", b"1e5", b"0.1",
+        b"3.141592653589793238462643383279", b"123456789012345678901234567890",
+        b"-123456789012345678901234567890", b"18446744073709551616", b"-9223372036854775809",
+        b"1" + b"0" * 4000,
+    ],
+)
+def test_numbers_round_trip_with_their_exact_text(text: bytes) -> None:
+    assert dumps(loads(text)) == text
+    body = b'{"state":{"n":' + text + b',"list":[' + text + b"," + text + b"]}}"
+    assert dumps(loads(body)) == body
+
+
+@pytest.mark.parametrize("n", [0, 1, -1, 42, 2**53 + 1, 2**63 - 1, -(2**63), 2**64 - 1])
+def test_64_bit_integers_stay_ints(n: int) -> None:
+    value = loads(str(n).encode())
+    assert type(value) is int and value == n
+    assert dumps(value) == str(n).encode()
+
+
+def test_floats_and_big_ints_are_fragments() -> None:
+    assert isinstance(loads(b"1.10"), orjson.Fragment)
+    assert isinstance(loads(b"123456789012345678901234567890"), orjson.Fragment)
+    assert isinstance(loads(b"-0.0"), orjson.Fragment)
+
+
+@pytest.mark.parametrize("digits", [4301, 10_000])
+def test_huge_integers_round_trip_or_400(digits: int) -> None:
+    text = b"9" * digits
+    for body in (text, b'{"a":' + text + b"}"):
+        try:
+            value = loads(body)
+        except ValidationFailed:
+            continue
+        assert dumps(value) == body
+
+
+# --- structure and text ------------------------------------------------------
+
+
+def test_key_order_preserved() -> None:
+    body = b'{"z":1,"a":2,"m":{"q9":{},"q1":{},"q5":{}},"b":[{"y":1,"x":2}]}'
+    value = loads(body)
+    assert list(value) == ["z", "a", "m", "b"]
+    assert list(value["m"]) == ["q9", "q1", "q5"]
+    assert list(value["b"][0]) == ["y", "x"]
+    assert dumps(value) == body
+
+
+def test_non_ascii_kept_unescaped() -> None:
+    text = "za\u017c\u00f3\u0142\u0107 \u65e5\u672c \U0001f600"
+    assert dumps({"a": text}) == ('{"a":"' + text + '"}').encode("utf-8")
+    assert b"\\u" not in dumps(loads(b'{"a":"\\u017c\\u65e5"}'))
+    assert dumps(loads(b'{"a":"\\u017c"}')) == '{"a":"\u017c"}'.encode()
+
+
+def test_dumps_is_compact() -> None:
+    assert dumps(loads(b'{ "a" : [ 1 , 2 ] ,\n "b" : null }')) == b'{"a":[1,2],"b":null}'
+
+
+def test_loads_plain_values() -> None:
+    assert loads(b'{"a": "x", "b": true, "c": null, "d": [1, "2"]}') == {
+        "a": "x", "b": True, "c": None, "d": [1, "2"]}
+    assert loads(b'"just a string"') == "just a string"
+
+
+# --- is_number / number_value ---------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, 1, -5, 2**70, 1.5, float("inf"), orjson.Fragment(b"1.10"),
+                                   orjson.Fragment("2e3")])
+def test_is_number(value: object) -> None:
+    assert is_number(value)
+
+
+@pytest.mark.parametrize("value", [True, False, None, "1", b"1", [1], {"a": 1}])
+def test_is_not_number(value: object) -> None:
+    assert not is_number(value)
+
+
+def test_number_value_of_plain_numbers() -> None:
+    assert number_value(3) == 3.0 and isinstance(number_value(3), float)
+    assert number_value(-7) == -7.0
+    assert number_value(2.5) == 2.5
+    assert number_value(loads(b"42")) == 42.0
+
+
+@pytest.mark.parametrize(
+    ("fragment", "expected"),
+    [
+        (orjson.Fragment(b"1.10"), 1.1),
+        (orjson.Fragment("2e3"), 2000.0),
+        (loads(b"-0.0"), 0.0),
+        (loads(b"1e400"), float("inf")),
+        (loads(b"123456789012345678901234567890"), 1.2345678901234568e29),
+    ],
+)
+def test_number_value_of_fragments(fragment: orjson.Fragment, expected: float) -> None:
+    assert number_value(fragment) == expected

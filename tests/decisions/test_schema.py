@@ -1,0 +1,389 @@
+"""schema.validate(): the field rules of SPEC §1, checked in place on the parsed body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from app.decisions.jsonbody import dumps, loads
+from app.decisions.schema import DecisionRequest, validate
+from app.errors import ValidationFailed
+
+
+def body(**overrides: Any) -> dict[str, Any]:
+    value: dict[str, Any] = {
+        "model": "nimble",
+        "state": {"ticket": "My card was charged twice."},
+        "questions": {
+            "team": {"type": "choice", "instructions": "Which team?",
+                     "criteria": {"billing": "payments and refunds", "shipping": None}},
+            "urgent": {"type": "noul", "instructions": "Reply within the hour?",
+                       "criteria": {"true": "money is moving"}},
+            "tone": {"type": "score", "instructions": "How upset?",
+                     "criteria": ["calm", "annoyed", "furious"]},
+        },
+    }
+    value.update(overrides)
+    return value
+
+
+def one(question: dict[str, Any]) -> dict[str, Any]:
+    return body(questions={"q": question})
+
+
+def problems(value: Any) -> list[dict[str, Any]]:
+    with pytest.raises(ValidationFailed) as caught:
+        validate(value)
+    assert caught.value.status == 400
+    return caught.value.problems
+
+
+def locs(value: Any) -> list[list[Any]]:
+    return [p["loc"] for p in problems(value)]
+
+
+def test_spec_example_is_valid() -> None:
+    result = validate(body(images=["iVBORw0KGgo="], keep_alive="5m"))
+    assert result == DecisionRequest(model="nimble", media=("images",), remote_media=False)
+
+
+@pytest.mark.parametrize("value", [None, [], "x", 1, True, [{"model": "x"}]])
+def test_body_must_be_an_object(value: Any) -> None:
+    assert locs(value) == [["body"]]
+
+
+# --- model --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["", None, 1, ["nimble"], {"name": "nimble"}, True])
+def test_model_must_be_a_non_empty_string(model: Any) -> None:
+    assert locs(body(model=model)) == [["body", "model"]]
+
+
+def test_model_required() -> None:
+    value = body()
+    del value["model"]
+    [problem] = problems(value)
+    assert problem["loc"] == ["body", "model"] and problem["type"] == "missing"
+
+
+# --- state --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state", ["text", "", {}, {"a": 1}, [], [1, "x"], None])
+def test_state_content_ok(state: Any) -> None:
+    assert validate(body(state=state)).model == "nimble"
+
+
+@pytest.mark.parametrize("state", [0, 1, -1.5, True, False, orjson.Fragment(b"1.5")])
+def test_state_number_or_boolean_refused(state: Any) -> None:
+    assert locs(body(state=state)) == [["body", "state"]]
+
+
+def test_state_key_required() -> None:
+    value = body()
+    del value["state"]
+    [problem] = problems(value)
+    assert problem["loc"] == ["body", "state"] and problem["type"] == "missing"
+
+
+# --- questions ----------------------------------------------------------------
+
+
+def test_questions_required() -> None:
+    value = body()
+    del value["questions"]
+    assert locs(value) == [["body", "questions"]]
+
+
+@pytest.mark.parametrize("questions", [None, [], [{"type": "noul"}], "q", 1])
+def test_questions_must_be_an_object(questions: Any) -> None:
+    assert locs(body(questions=questions)) == [["body", "questions"]]
+
+
+@pytest.mark.parametrize("count", [1, 64])
+def test_question_count_ok(count: int) -> None:
+    validate(body(questions={f"q{i}": {"type": "noul"} for i in range(count)}))
+
+
+@pytest.mark.parametrize("count", [0, 65])
+def test_question_count_out_of_bounds(count: int) -> None:
+    [problem] = problems(body(questions={f"q{i}": {"type": "noul"} for i in range(count)}))
+    assert problem["loc"] == ["body", "questions"]
+    assert problem["type"] == ("too_short" if count == 0 else "too_long")
+
+
+def test_question_id_must_be_non_empty() -> None:
+    assert locs(body(questions={"": {"type": "noul"}})) == [["body", "questions", ""]]
+
+
+@pytest.mark.parametrize("question", [None, "noul", ["noul"], 1])
+def test_question_must_be_an_object(question: Any) -> None:
+    assert locs(body(questions={"q": question})) == [["body", "questions", "q"]]
+
+
+def test_question_type_required() -> None:
+    [problem] = problems(one({"instructions": "x"}))
+    assert problem["loc"] == ["body", "questions", "q", "type"] and problem["type"] == "missing"
+
+
+@pytest.mark.parametrize("qtype", ["Choice", "boolean", "", None, 1, "yesno", ["choice"]])
+def test_unknown_question_type(qtype: Any) -> None:
+    [problem] = problems(one({"type": qtype, "criteria": {"a": None}}))
+    assert problem["loc"] == ["body", "questions", "q", "type"]
+    assert problem["type"] == "literal_error"
+
+
+@pytest.mark.parametrize("instructions", ["x", "", {"a": [1]}, [], ["x", 1], None])
+def test_instructions_content_ok(instructions: Any) -> None:
+    validate(one({"type": "noul", "instructions": instructions}))
+
+
+@pytest.mark.parametrize("instructions", [1, 0.5, True, orjson.Fragment(b"1.0")])
+def test_instructions_number_or_boolean_refused(instructions: Any) -> None:
+    assert locs(one({"type": "noul", "instructions": instructions})) == [
+        ["body", "questions", "q", "instructions"]]
+
+
+def test_instructions_never_added() -> None:
+    value = one({"type": "noul"})
+    validate(value)
+    assert value["questions"]["q"] == {"type": "noul"}
+
+
+# --- choice -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [1, 255])
+def test_choice_option_count_ok(count: int) -> None:
+    validate(one({"type": "choice", "criteria": {f"o{i}": None for i in range(count)}}))
+
+
+@pytest.mark.parametrize("count", [0, 256])
+def test_choice_option_count_out_of_bounds(count: int) -> None:
+    [problem] = problems(one({"type": "choice", "criteria": {f"o{i}": "x" for i in range(count)}}))
+    assert problem["loc"] == ["body", "questions", "q", "criteria"]
+    assert problem["type"] == ("too_short" if count == 0 else "too_long")
+
+
+@pytest.mark.parametrize("criteria", [None, ["a", "b"], "a", 1])
+def test_choice_needs_object_criteria(criteria: Any) -> None:
+    assert locs(one({"type": "choice", "criteria": criteria})) == [
+        ["body", "questions", "q", "criteria"]]
+
+
+def test_choice_without_criteria() -> None:
+    [problem] = problems(one({"type": "choice"}))
+    assert problem["loc"] == ["body", "questions", "q", "criteria"] and problem["type"] == "missing"
+
+
+def test_choice_descriptions_string_or_null() -> None:
+    validate(one({"type": "choice", "criteria": {"a": "text", "b": None, "c": ""}}))
+    assert locs(one({"type": "choice", "criteria": {"a": 1, "b": None, "c": ["x"], "d": True}})) == [
+        ["body", "questions", "q", "criteria", "a"],
+        ["body", "questions", "q", "criteria", "c"],
+        ["body", "questions", "q", "criteria", "d"],
+    ]
+
+
+# --- noul ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        {"type": "noul"},
+        {"type": "noul", "criteria": None},
+        {"type": "noul", "criteria": {}},
+        {"type": "noul", "criteria": {"true": "yes"}},
+        {"type": "noul", "criteria": {"false": "no"}},
+        {"type": "noul", "criteria": {"true": "yes", "false": "no"}},
+    ],
+)
+def test_noul_criteria_ok(question: dict[str, Any]) -> None:
+    validate(one(question))
+
+
+@pytest.mark.parametrize(
+    ("criteria", "bad"),
+    [
+        ({"yes": "x"}, ["yes"]),
+        ({"True": "x"}, ["True"]),
+        ({"true": "x", "maybe": "y"}, ["maybe"]),
+        ({"1": "x", "0": "y"}, ["1", "0"]),
+    ],
+)
+def test_noul_criteria_other_keys_refused(criteria: dict[str, Any], bad: list[str]) -> None:
+    found = problems(one({"type": "noul", "criteria": criteria}))
+    assert [p["loc"] for p in found] == [["body", "questions", "q", "criteria", key] for key in bad]
+    assert {p["type"] for p in found} == {"extra_forbidden"}
+
+
+@pytest.mark.parametrize("criteria", [["true"], "yes", 1, True])
+def test_noul_criteria_must_be_null_or_object(criteria: Any) -> None:
+    assert locs(one({"type": "noul", "criteria": criteria})) == [["body", "questions", "q", "criteria"]]
+
+
+@pytest.mark.parametrize("text", [None, 1, True, ["x"]])
+def test_noul_criteria_values_are_strings(text: Any) -> None:
+    assert locs(one({"type": "noul", "criteria": {"true": text}})) == [
+        ["body", "questions", "q", "criteria", "true"]]
+
+
+# --- score --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [2, 10])
+def test_score_level_count_ok(count: int) -> None:
+    validate(one({"type": "score", "criteria": [f"level {i}" for i in range(count)]}))
+
+
+@pytest.mark.parametrize("count", [0, 1, 11])
+def test_score_level_count_out_of_bounds(count: int) -> None:
+    [problem] = problems(one({"type": "score", "criteria": [f"level {i}" for i in range(count)]}))
+    assert problem["loc"] == ["body", "questions", "q", "criteria"]
+    assert problem["type"] == ("too_long" if count == 11 else "too_short")
+
+
+@pytest.mark.parametrize("criteria", [None, {"0": "low", "1": "high"}, "low,high", 3])
+def test_score_needs_a_list(criteria: Any) -> None:
+    assert locs(one({"type": "score", "criteria": criteria})) == [["body", "questions", "q", "criteria"]]
+
+
+def test_score_levels_are_strings() -> None:
+    assert locs(one({"type": "score", "criteria": ["low", None, 3, "high"]})) == [
+        ["body", "questions", "q", "criteria", 1],
+        ["body", "questions", "q", "criteria", 2],
+    ]
+
+
+# --- keep_alive ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keep_alive", ["5m", "1h30m", "-1m", "0", 0, 300, -1, 1.5,
+                                        orjson.Fragment(b"2.5")])
+def test_keep_alive_ok(keep_alive: Any) -> None:
+    validate(body(keep_alive=keep_alive))
+
+
+@pytest.mark.parametrize("keep_alive", ["soon", "-1", "5", "", True, [], {}])
+def test_keep_alive_refused(keep_alive: Any) -> None:
+    [problem] = problems(body(keep_alive=keep_alive))
+    assert problem["loc"] == ["body", "keep_alive"] and problem["type"] == "duration_parsing"
+
+
+# --- media --------------------------------------------------------------------
+
+
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB"
+
+
+def test_no_media() -> None:
+    result = validate(body())
+    assert result.media == () and result.remote_media is False
+
+
+def test_media_present_and_non_empty() -> None:
+    result = validate(body(images=[PNG], audio=[], videos=None))
+    assert result.media == ("images",) and result.remote_media is False
+    result = validate(body(videos=["data:video/mp4;base64,AAAA"], audio=["UklGRg=="], images=[PNG]))
+    assert result.media == ("images", "audio", "videos")
+
+
+@pytest.mark.parametrize("url", ["http://example.com/a.png", "https://example.com/a.png"])
+def test_remote_media_flagged(url: str) -> None:
+    result = validate(body(images=[PNG, url]))
+    assert result.media == ("images",) and result.remote_media is True
+
+
+def test_media_problems_located() -> None:
+    found = problems(body(images="iVBOR", audio=[PNG, "", 3, "ftp://x/y.wav", "file:///etc/passwd"]))
+    assert [(p["loc"], p["type"]) for p in found] == [
+        (["body", "images"], "list_type"),
+        (["body", "audio", 1], "string_type"),
+        (["body", "audio", 2], "string_type"),
+        (["body", "audio", 3], "url_scheme"),
+        (["body", "audio", 4], "url_scheme"),
+    ]
+
+
+# --- problems together, untouched body -------------------------------------------
+
+
+def test_every_problem_reported_together() -> None:
+    value = {
+        "model": "",
+        "state": 5,
+        "questions": {
+            "team": {"type": "choice", "criteria": {}},
+            "urgent": {"type": "noul", "criteria": {"maybe": "x"}},
+            "tone": {"type": "score", "criteria": ["only one"]},
+            "odd": {"type": "ranking"},
+        },
+        "keep_alive": "soon",
+        "images": [7],
+    }
+    with pytest.raises(ValidationFailed) as caught:
+        validate(value)
+    error = caught.value
+    assert [p["loc"] for p in error.problems] == [
+        ["body", "model"],
+        ["body", "state"],
+        ["body", "questions", "team", "criteria"],
+        ["body", "questions", "urgent", "criteria", "maybe"],
+        ["body", "questions", "tone", "criteria"],
+        ["body", "questions", "odd", "type"],
+        ["body", "keep_alive"],
+        ["body", "images", 0],
+    ]
+    assert all(set(p) == {"loc", "msg", "type"} and p["msg"] for p in error.problems)
+    assert error.detail() == error.problems
+    assert error.message.startswith("model: ")
+    assert error.error_type == "invalid_request_error"
+
+
+def test_missing_fields_reported_together() -> None:
+    assert locs({}) == [["body", "model"], ["body", "state"], ["body", "questions"]]
+    assert problems({})[0]["type"] == "missing"
+
+
+def test_error_names_the_first_problem_by_path() -> None:
+    with pytest.raises(ValidationFailed) as caught:
+        validate(one({"type": "score", "criteria": ["x"]}))
+    assert caught.value.message.startswith("questions.q.criteria: ")
+
+
+def test_unknown_fields_untouched_and_body_not_mutated() -> None:
+    raw = (
+        b'{"options":{"temperature":0.10,"seed":123456789012345678901234567890},'
+        b'"model":"nimble","cache_salt":"abc","state":null,'
+        b'"questions":{"z":{"type":"noul","weight":1.50,"extra":{"k":[1,2]}},'
+        b'"a":{"type":"choice","criteria":{"y":null,"x":"ex"},"labels":"AB"},'
+        b'"m":{"type":"score","criteria":["lo","hi"],"logprobs":true}},'
+        b'"keep_alive":-1,"images":["' + PNG.encode() + b'"],"stream":false,"truncate":1e400}'
+    )
+    value = loads(raw)
+    before_ids = {key: id(item) for key, item in value.items()}
+    result = validate(value)
+    assert dumps(value) == raw  # same keys, same order, same exact numbers
+    assert {key: id(item) for key, item in value.items()} == before_ids
+    assert list(value["questions"]) == ["z", "a", "m"]
+    assert result == DecisionRequest(model="nimble", media=("images",), remote_media=False)
+
+
+def test_invalid_body_not_mutated_either() -> None:
+    raw = b'{"model":"nimble","state":1,"questions":{"q":{"type":"noul","criteria":{"x":1}}},"x":1}'
+    value = loads(raw)
+    with pytest.raises(ValidationFailed):
+        validate(value)
+    assert dumps(value) == raw
+
+
+def test_remote_urls_are_recognised_whatever_their_case() -> None:
+    from app.decisions.schema import validate
+
+    body = {"model": "m", "state": None, "questions": {"q": {"type": "noul"}},
+            "images": ["HTTPS://example.com/a.png", "Data:image/png;base64,AAAA"]}
+    assert validate(body).remote_media is True

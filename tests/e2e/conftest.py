@@ -1,0 +1,47 @@
+"""Whole-process helpers: run `arbiter` commands the way a user would."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ARBITER = str(Path(sys.executable).with_name("arbiter"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run(args: list[str], env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([ARBITER, *args], check=False, env=env, capture_output=True, text=True, timeout=60)
+    if check and result.returncode != 0:
+        raise AssertionError(f"arbiter {' '.join(args)} failed: {result.stderr}")
+    return result
+
+
+def environment(database_url: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ARBITER_")}
+    env["ARBITER_DATABASE_URL"] = database_url
+    return env
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes] | None = None, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"process exited with {process.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} not ready after {timeout}s")

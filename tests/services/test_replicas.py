@@ -1,0 +1,95 @@
+"""Several services serving one public name: fewest in flight, back-off, one retry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from app.db.session import Database
+from app.services import service as services
+from app.settings import Settings
+from app.tenancy.service import CLI
+from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
+from infra_adapters.emulators.server import EmulatorServer
+from tests.support import Gateway, Stack, assert_error, decision
+
+
+@pytest.fixture
+def two_replicas(db: Database, gateway_factory: Callable[..., Gateway]) -> Iterator[Stack]:
+    states = [OllamaState(), OllamaState()]
+    servers = [EmulatorServer(make_ollama_app(s)).start() for s in states]
+    built = Stack.provision(db, ollama_url=servers[0].url)
+    with db.session() as session:
+        services.add_service(session, Settings(database_url=db.url), CLI, type="ollama-external",
+                             url=servers[1].url, name="ollama-2")
+    built.gateway = gateway_factory(replica_backoff=30)
+    built.extra.update(servers=servers, states=states)
+    yield built
+    for server in servers:
+        server.stop()
+
+
+def served_by(states: list[OllamaState]) -> list[int]:
+    return [sum(r.path == "/v1/systemone" for r in s.requests) for s in states]
+
+
+def test_load_is_spread_over_replicas(two_replicas: Stack) -> None:
+    states = two_replicas.extra["states"]
+    for state in states:
+        state.faults.latency = 0.2  # keep requests in flight so the counts matter
+    with two_replicas.client() as client, ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda _: client.post("/v1/systemone", json=decision()).status_code, range(16)))
+    assert codes == [200] * 16
+    first, second = served_by(states)
+    assert first >= 4 and second >= 4, (first, second)
+
+
+def test_a_replica_stopped_mid_run_loses_no_request(two_replicas: Stack) -> None:
+    servers, states = two_replicas.extra["servers"], two_replicas.extra["states"]
+
+    def send(i: int, client: Any) -> int:
+        if i == 10:
+            servers[0].stop()
+        return int(client.post("/v1/systemone", json=decision()).status_code)
+
+    with two_replicas.client() as client:
+        codes = [send(i, client) for i in range(40)]
+    assert codes == [200] * 40
+    before = served_by(states)
+    with two_replicas.client() as client:
+        assert all(client.post("/v1/systemone", json=decision()).status_code == 200 for _ in range(5))
+    assert served_by(states)[0] == before[0]  # backed off: not even tried
+
+
+def test_a_4xx_does_not_take_a_replica_out(two_replicas: Stack) -> None:
+    states = two_replicas.extra["states"]
+    bad = decision(questions={"q": {"type": "choice", "criteria": {"only": None}}})  # Ollama's own 400
+    with two_replicas.client() as client:
+        for _ in range(6):
+            assert client.post("/v1/systemone", json=bad).status_code == 400
+    assert all(n >= 2 for n in served_by(states))
+
+
+def test_a_backend_503_is_retried_elsewhere_and_passed_through_when_alone(two_replicas: Stack) -> None:
+    states = two_replicas.extra["states"]
+    states[0].faults.status = 503
+    states[0].faults.body = b'{"error":"overloaded"}'
+    with two_replicas.client() as client:
+        assert all(client.post("/v1/systemone", json=decision()).status_code == 200 for _ in range(6))
+        states[1].faults.status = 503
+        states[1].faults.body = b'{"error":"overloaded too"}'
+        response = client.post("/v1/systemone", json=decision())
+    assert response.status_code == 503 and response.content == b'{"error":"overloaded too"}'
+
+
+def test_every_replica_out_is_503_with_retry_after(two_replicas: Stack) -> None:
+    for server in two_replicas.extra["servers"]:
+        server.stop()
+    with two_replicas.client() as client:
+        assert_error(client.post("/v1/systemone", json=decision()), 502)
+        response = client.post("/v1/systemone", json=decision())
+    assert_error(response, 503)
+    assert int(response.headers["retry-after"]) >= 1

@@ -1,0 +1,35 @@
+"""The docs stay true: every setting and every CLI command is documented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.cli import _parser
+from app.settings import Settings
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+@pytest.mark.parametrize("name", sorted(Settings.model_fields))
+def test_every_setting_is_documented(name: str) -> None:
+    assert f"`ARBITER_{name.upper()}`" in (DOCS / "configuration.md").read_text()
+
+
+def test_every_documented_setting_exists() -> None:
+    import re
+
+    documented = set(re.findall(r"`ARBITER_([A-Z_]+)`", (DOCS / "configuration.md").read_text()))
+    assert documented == {name.upper() for name in Settings.model_fields}
+
+
+def test_every_cli_command_is_documented() -> None:
+    admin = (DOCS / "admin.md").read_text()
+    parser = _parser()
+    subparsers = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for name, sub in subparsers.choices.items():
+        nested = [a for a in sub._actions if a.__class__.__name__ == "_SubParsersAction"]
+        commands = [f"arbiter {name} {child}" for child in nested[0].choices] if nested else [f"arbiter {name}"]
+        for command in commands:
+            assert command in admin, f"{command!r} is not in docs/admin.md"
