@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from sqlalchemy import select
@@ -22,7 +23,11 @@ def entries(session: Session, *, limit: int = 100, before_id: int | None = None)
     if before_id is not None:
         query = query.where(AuditEntry.id < before_id)
     return [
-        {"id": e.id, "at": e.at.isoformat(), "actor": e.actor, "action": e.action,
+        {"id": e.id, "at": _utc(e.at).isoformat(), "actor": e.actor, "action": e.action,
          "target": e.target, "request_id": e.request_id, "details": e.details}
         for e in session.scalars(query)
     ]
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)  # SQLite drops the zone

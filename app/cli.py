@@ -87,6 +87,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _with_session(work: Callable[[Any, Any, Settings], Any]) -> Any:
     from app.components import Components
+    from app.db.migrate import NotMigrated
 
     settings = Settings()
     components = Components(settings)
@@ -94,6 +95,8 @@ def _with_session(work: Callable[[Any, Any, Settings], Any]) -> Any:
         components.prepare_database()
         with components.database.session() as session:
             return work(session, components, settings)
+    except NotMigrated as exc:
+        raise SystemExit(f"arbiter: {exc}") from exc
     finally:
         components.database.dispose()
 

@@ -6,6 +6,7 @@ everything else to FastAPI; the middleware stack wraps both.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -49,6 +50,11 @@ def _build_fastapi(components: Components) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await components.start()
+        # Everything built so far lives as long as the process: move it out of the
+        # collector's sight, so full collections under load scan only request garbage
+        # (measured: 55-70 ms pauses at concurrency 32 without this).
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:

@@ -7,9 +7,17 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import ArbiterError, MethodNotAllowed, NotFound, ValidationFailed
+from app.errors import (
+    ArbiterError,
+    BackendFailed,
+    Conflict,
+    MethodNotAllowed,
+    NotFound,
+    ValidationFailed,
+)
 
 log = logging.getLogger("arbiter.api")
 
@@ -31,8 +39,8 @@ def install(app: FastAPI) -> None:
             for e in exc.errors()
         ] or [{"loc": ["body"], "msg": "invalid request", "type": "value_error"}]
         for p in problems:
-            if p["type"] == "json_invalid":
-                p["msg"] = "the body is not valid JSON"
+            if p["type"] == "json_invalid":  # FastAPI's loc is ("body", <offset>): not a field
+                p["loc"], p["msg"] = ["body"], "the body is not valid JSON"
         return error_response(ValidationFailed(problems))
 
     @app.exception_handler(StarletteHTTPException)
@@ -47,6 +55,14 @@ def install(app: FastAPI) -> None:
         other = ArbiterError(str(exc.detail))
         other.status = exc.status_code
         return error_response(other)
+
+    @app.exception_handler(SQLAlchemyError)
+    async def database_error(_request: Request, exc: SQLAlchemyError) -> Response:
+        if isinstance(exc, IntegrityError):  # lost a race on a unique name
+            return error_response(Conflict("that name is taken; it was created by another request just now"))
+        log.error("database error: %s", type(exc).__name__)
+        return error_response(BackendFailed(503, "the database is unavailable; try again shortly",
+                                            retry_after=5))
 
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, exc: Exception) -> Response:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from typing import Any
 from urllib.parse import urlsplit
@@ -141,9 +142,15 @@ def service_view(service: Service) -> dict[str, Any]:
         "reachable": service.reachable,
         "decisions_supported": (versions.supports_decisions(service.version_override or service.version)
                                 if service.type in _OLLAMA_TYPES else True),
-        "last_sync_at": service.last_sync_at.isoformat() if service.last_sync_at else None,
+        "last_sync_at": _iso(service.last_sync_at),
         "last_error": service.last_error, "skipped_models": service.skipped_models,
     }
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    if value is not None and value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)  # SQLite drops the zone; Arbiter stores UTC
+    return value.isoformat() if value else None
 
 
 def model_view(model: Model, service: Service | None = None) -> dict[str, Any]:

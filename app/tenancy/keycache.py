@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import time
 from collections.abc import Callable
 
-from app.errors import AuthenticationFailed
+from sqlalchemy.exc import SQLAlchemyError
+
+from app.errors import AuthenticationFailed, BackendFailed
 from app.tenancy.keys import KeyHasher, bearer_token, kind_of
 from app.tenancy.principal import Principal
 
 Loader = Callable[[str], "Principal | None"]
 _MAX_ENTRIES = 100_000
+log = logging.getLogger("arbiter.keys")
 
 
 class KeyCache:
@@ -25,6 +29,7 @@ class KeyCache:
         self._loader = loader
         self._ttl = ttl
         self._entries: dict[str, tuple[float, Principal | None]] = {}
+        self._loading: dict[str, asyncio.Future[Principal | None]] = {}
 
     async def authenticate(self, authorization: str | None, kind: str) -> Principal:
         """The principal of a request's Authorization header, or AuthenticationFailed."""
@@ -53,7 +58,23 @@ class KeyCache:
         now = time.monotonic()
         if entry is not None and entry[0] > now:
             return entry[1]
-        principal = await asyncio.to_thread(self._loader, digest)
+        pending = self._loading.get(digest)
+        if pending is not None:  # the same key is being looked up already: share the answer
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Principal | None] = asyncio.get_running_loop().create_future()
+        self._loading[digest] = future
+        try:
+            principal = await asyncio.to_thread(self._loader, digest)
+        except SQLAlchemyError as exc:
+            log.error("cannot look up an API key: the database is unavailable (%s)", type(exc).__name__)
+            error = BackendFailed(503, "cannot verify the API key right now; try again shortly",
+                                  retry_after=5)
+            future.set_exception(error)
+            future.exception()  # retrieved: no "never retrieved" warning when nobody waits
+            raise error from exc
+        finally:
+            self._loading.pop(digest, None)
+        future.set_result(principal)
         if principal is not None:
             if len(self._entries) >= _MAX_ENTRIES:
                 self._entries.clear()

@@ -145,7 +145,8 @@ def get_key(session: Session, key_id: int) -> ApiKey:
 
 def revoke_key(session: Session, key_id: int, actor: Actor, *, at: dt.datetime | None = None) -> ApiKey:
     key = get_key(session, key_id)
-    if key.revoked_at is None or (at is None and key.revoked_at > utcnow()):
+    revoked_at = _aware(key.revoked_at)
+    if revoked_at is None or (at is None and revoked_at > utcnow()):
         key.revoked_at = at or utcnow()
     audit.record(session, actor=actor.name, action="key.revoke", target=f"key:{key.id}:{key.prefix}",
                  request_id=actor.request_id)
@@ -158,7 +159,8 @@ def rotate_key(session: Session, hasher: KeyHasher, key_id: int, actor: Actor, *
     if grace_seconds < 0 or grace_seconds > 30 * 86400:
         raise InvalidRequest("grace_seconds must be between 0 and 2592000 (30 days)")
     old = get_key(session, key_id)
-    if old.revoked_at is not None and old.revoked_at <= utcnow():
+    revoked_at = _aware(old.revoked_at)
+    if revoked_at is not None and revoked_at <= utcnow():
         raise InvalidRequest(f"key {key_id} is revoked; create a new key instead")
     project = session.get(Project, old.project_id) if old.project_id else None
     new, value = create_key(session, hasher, actor, kind=old.kind,
@@ -178,6 +180,11 @@ def list_keys(session: Session, *, project: str | None = None, kind: str | None 
     if kind is not None:
         query = query.where(ApiKey.kind == kind)
     return list(session.scalars(query))
+
+
+def key_project_name(session: Session, key: ApiKey) -> str | None:
+    project = session.get(Project, key.project_id) if key.project_id else None
+    return project.name if project else None
 
 
 def key_view(key: ApiKey, project_name: str | None = None) -> dict[str, Any]:

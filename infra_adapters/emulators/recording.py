@@ -52,8 +52,14 @@ def is_missing(value: Any) -> bool:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+# The log keeps the newest requests only, so a long benchmark or soak run does not
+# grow the emulator without bound (tests look at the last few).
+MAX_RECORDED = 1000
+
+
 def recording_middleware(requests: list[RecordedRequest]) -> Any:
-    """A middleware that appends every request (before any check) to `requests`."""
+    """A middleware that appends every request (before any check) to `requests`,
+    keeping the newest MAX_RECORDED."""
 
     @web.middleware
     async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -69,6 +75,8 @@ def recording_middleware(requests: list[RecordedRequest]) -> Any:
                 query={k: v for k, v in request.query.items()},
             )
         )
+        if len(requests) > MAX_RECORDED:
+            del requests[: len(requests) - MAX_RECORDED]
         return await handler(request)
 
     return record

@@ -8,10 +8,10 @@ from fastapi import APIRouter
 from sqlalchemy.orm import Session
 
 from app.api.admin.schemas import ServiceCreate
-from app.api.deps import AdminDep, ComponentsDep
+from app.api.deps import AdminDep, AdminRoute, ComponentsDep
 from app.services import service as services
 
-router = APIRouter(prefix="/admin")
+router = APIRouter(prefix="/admin", route_class=AdminRoute)
 
 
 @router.get("/services")

@@ -15,10 +15,10 @@ from app.api.admin.schemas import (
     ProjectCreate,
     ProjectUpdate,
 )
-from app.api.deps import AdminDep, ComponentsDep
+from app.api.deps import AdminDep, AdminRoute, ComponentsDep
 from app.tenancy import service as tenancy
 
-router = APIRouter(prefix="/admin")
+router = APIRouter(prefix="/admin", route_class=AdminRoute)
 
 
 @router.post("/organizations", status_code=201)
@@ -83,7 +83,10 @@ async def create_admin_key(body: KeyCreate, actor: AdminDep, c: ComponentsDep) -
 
 @router.post("/keys/{key_id}/revoke")
 async def revoke_key(key_id: int, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
-    view = await c.in_session(lambda s: tenancy.key_view(tenancy.revoke_key(s, key_id, actor)))
+    def work(s: Session) -> dict[str, Any]:
+        key = tenancy.revoke_key(s, key_id, actor)
+        return tenancy.key_view(key, tenancy.key_project_name(s, key))
+    view = await c.in_session(work)
     c.keys.invalidate()
     return view
 
@@ -92,7 +95,7 @@ async def revoke_key(key_id: int, actor: AdminDep, c: ComponentsDep) -> dict[str
 async def rotate_key(key_id: int, body: KeyRotate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> dict[str, Any]:
         key, value = tenancy.rotate_key(s, c.hasher, key_id, actor, grace_seconds=body.grace_seconds)
-        return {**tenancy.key_view(key), "key": value}
+        return {**tenancy.key_view(key, tenancy.key_project_name(s, key)), "key": value}
     view = await c.in_session(work)
     c.keys.invalidate()
     return view

@@ -1,0 +1,77 @@
+"""The key cache: hits skip the database, misses are shared, a database outage fails closed."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from sqlalchemy.exc import OperationalError
+
+from app.errors import AuthenticationFailed, BackendFailed
+from app.tenancy.keycache import KeyCache
+from app.tenancy.keys import KeyHasher
+from app.tenancy.principal import Principal
+
+HASHER = KeyHasher()
+KEY = HASHER.new("project").value
+
+
+def principal() -> Principal:
+    return Principal(key_id=1, kind="project", key_prefix=KEY[:13], project_id=1, project_name="p",
+                     allowed_models=None, archived=False, expires_at=None, revoked_at=None)
+
+
+def test_a_cached_key_needs_no_database() -> None:
+    calls: list[str] = []
+
+    def loader(digest: str) -> Principal:
+        calls.append(digest)
+        return principal()
+
+    cache = KeyCache(HASHER, loader, ttl=60)
+    for _ in range(5):
+        assert asyncio.run(cache.authenticate(f"Bearer {KEY}", "project")).key_id == 1
+    assert len(calls) == 1
+    cache.invalidate()
+    asyncio.run(cache.authenticate(f"Bearer {KEY}", "project"))
+    assert len(calls) == 2
+
+
+def test_concurrent_misses_share_one_lookup() -> None:
+    calls = 0
+    lock = threading.Lock()
+
+    def loader(_digest: str) -> Principal:
+        nonlocal calls
+        with lock:
+            calls += 1
+        time.sleep(0.2)
+        return principal()
+
+    async def burst() -> list[Principal]:
+        cache = KeyCache(HASHER, loader, ttl=60)
+        return await asyncio.gather(*(cache.authenticate(f"Bearer {KEY}", "project") for _ in range(20)))
+
+    assert len(asyncio.run(burst())) == 20
+    assert calls == 1
+
+
+def test_a_database_outage_fails_closed_with_503() -> None:
+    def loader(_digest: str) -> Principal:
+        raise OperationalError("SELECT", {}, Exception("connection refused"))
+
+    async def attempt() -> None:
+        cache = KeyCache(HASHER, loader, ttl=60)
+        await asyncio.gather(*(cache.authenticate(f"Bearer {KEY}", "project") for _ in range(3)))
+
+    with pytest.raises(BackendFailed) as info:
+        asyncio.run(attempt())
+    assert info.value.status == 503 and info.value.headers["Retry-After"] == "5"
+
+
+def test_unknown_keys_are_never_cached_as_valid() -> None:
+    cache = KeyCache(HASHER, lambda _d: None, ttl=60)
+    with pytest.raises(AuthenticationFailed):
+        asyncio.run(cache.authenticate(f"Bearer {KEY}", "project"))

@@ -1,0 +1,195 @@
+"""The ``arbiter`` command line, run as a user runs it: a subprocess on a fresh SQLite file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
+from infra_adapters.emulators.server import EmulatorServer
+from tests.support import assert_error, decision
+
+ARBITER = str(Path(sys.executable).with_name("arbiter"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def arbiter(env: dict[str, str], *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([ARBITER, *args], env=env, capture_output=True, text=True, timeout=60,
+                            check=False)
+    if ok:
+        assert result.returncode == 0, (args, result.stdout, result.stderr)
+    return result
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *words: str) -> str:
+    """A failed command: non-zero, one line on stderr that says why, no traceback, no key."""
+    assert result.returncode != 0, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("arbiter: "), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "arb_" not in result.stdout
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def last_line(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """A fresh, unmigrated SQLite database of its own (not the shared test database)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("ARBITER_")}
+    return {**clean, "ARBITER_DATABASE_URL": f"sqlite:///{tmp_path / 'cli.db'}", "ARBITER_LOG_LEVEL": "WARNING"}
+
+
+@pytest.fixture
+def migrated(env: dict[str, str]) -> dict[str, str]:
+    result = arbiter(env, "migrate")
+    assert "latest migration" in result.stdout
+    return env
+
+
+@pytest.fixture
+def emulator() -> Iterator[EmulatorServer]:
+    with EmulatorServer(make_ollama_app(OllamaState())) as server:
+        yield server
+
+
+@pytest.fixture
+def serve(migrated: dict[str, str]) -> Iterator[Callable[[], str]]:
+    """Starts ``arbiter serve --port P`` in a process of its own; returns its base URL.
+    At the end it is sent SIGTERM and must exit cleanly."""
+    processes: list[subprocess.Popen[str]] = []
+
+    def start() -> str:
+        port = free_port()
+        process = subprocess.Popen([ARBITER, "serve", "--port", str(port)], env=migrated,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        processes.append(process)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "arbiter serve did not answer /healthz"
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    return url
+            except httpx.TransportError:
+                time.sleep(0.05)
+
+    yield start
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+        try:
+            _, stderr = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
+        assert process.returncode == 0, (process.returncode, stderr)
+        assert "Traceback" not in stderr, stderr
+
+
+def test_commands_refuse_an_unmigrated_database(env: dict[str, str]) -> None:
+    serve = arbiter(env, "serve", "--port", str(free_port()), ok=False)
+    assert_one_line_error(serve, "not migrated", "arbiter migrate")
+    for args in (["admin", "create-key"], ["key", "create", "--project", "acme"], ["project", "create", "acme"]):
+        assert_one_line_error(arbiter(env, *args, ok=False), "arbiter migrate")
+    for _ in range(2):  # a second run is harmless
+        assert "latest migration" in arbiter(env, "migrate").stdout
+    assert last_line(arbiter(env, "admin", "create-key")).startswith("arb_admin_")
+
+
+def test_keys_made_on_the_command_line_work_over_http(migrated: dict[str, str], emulator: EmulatorServer,
+                                                      serve: Callable[[], str]) -> None:
+    added = arbiter(migrated, "service", "add", "--type", "ollama-external", "--url", emulator.url,
+                    "--name", "lab")
+    assert "service 'lab' added (ollama-external, version 0.35.0)" in added.stdout
+    assert "model nimble (decision)" in added.stdout and ":latest" not in added.stdout
+    project = arbiter(migrated, "project", "create", "acme", "--models", "nimble,clef")
+    assert "project 'acme' created" in project.stdout
+    admin_key = last_line(arbiter(migrated, "admin", "create-key", "--name", "ops"))
+    project_key = last_line(arbiter(migrated, "key", "create", "--project", "acme", "--name", "ci"))
+    assert admin_key.startswith("arb_admin_") and len(admin_key) > 40 and " " not in admin_key
+    assert project_key.startswith("arb_proj_") and len(project_key) > 40 and " " not in project_key
+    served = serve()
+    with httpx.Client(base_url=served, headers={"Authorization": f"Bearer {project_key}"}) as tenant:
+        models = tenant.get("/v1/models")
+        assert models.status_code == 200, models.text
+        assert [m["id"] for m in models.json()["data"]] == ["clef", "nimble"]
+        assert tenant.post("/v1/systemone", json=decision("nimble")).status_code == 200
+        assert_error(tenant.post("/v1/systemone", json=decision("llama3.2")), 403)
+        assert_error(tenant.get("/admin/projects"), 401)
+    with httpx.Client(base_url=served, headers={"Authorization": f"Bearer {admin_key}"}) as admin:
+        acme = admin.get("/admin/projects/acme")
+        assert acme.status_code == 200 and acme.json()["models"] == ["clef", "nimble"]
+        [key] = admin.get("/admin/projects/acme/keys").json()["data"]
+        assert (key["name"], key["last_four"]) == ("ci", project_key[-4:])
+        audit = admin.get("/admin/audit").json()["data"]
+        assert {e["actor"] for e in audit} == {"cli"}
+        assert [e["action"] for e in audit] == ["project_key.create", "admin_key.create", "project.create",
+                                                "service.create"]
+        assert project_key not in str(audit) and admin_key not in str(audit)
+        assert_error(admin.get("/v1/models"), 401)
+
+
+def test_what_the_command_line_adds_reaches_a_running_gateway(
+        migrated: dict[str, str], emulator: EmulatorServer, serve: Callable[[], str]) -> None:
+    migrated["ARBITER_REGISTRY_REFRESH_INTERVAL"] = "0.2"
+    served = serve()
+    arbiter(migrated, "project", "create", "late")
+    admin_key = last_line(arbiter(migrated, "admin", "create-key"))
+    project_key = last_line(arbiter(migrated, "key", "create", "--project", "late"))
+    projects = httpx.get(f"{served}/admin/projects", headers={"Authorization": f"Bearer {admin_key}"})
+    assert [p["name"] for p in projects.json()["data"]] == ["late"]
+    with httpx.Client(base_url=served, headers={"Authorization": f"Bearer {project_key}"}) as tenant:
+        assert tenant.get("/v1/models").json() == {"object": "list", "data": []}
+        arbiter(migrated, "service", "add", "--type", "ollama-external", "--url", emulator.url)
+        deadline = time.monotonic() + 10
+        while not tenant.get("/v1/models").json()["data"]:
+            assert time.monotonic() < deadline, "the new service's models never appeared"
+            time.sleep(0.1)
+        assert [m["id"] for m in tenant.get("/v1/models").json()["data"]] == ["clef", "llama3.2", "nimble"]
+
+
+def test_errors_are_one_line(migrated: dict[str, str], emulator: EmulatorServer) -> None:
+    assert_one_line_error(arbiter(migrated, "key", "create", "--project", "nope", ok=False), "'nope'")
+    arbiter(migrated, "project", "create", "acme")
+    assert_one_line_error(arbiter(migrated, "project", "create", "acme", ok=False), "already exists")
+    assert_one_line_error(arbiter(migrated, "project", "create", "x", "--organization", "nope", ok=False),
+                          "'nope'")
+    port = free_port()
+    down = arbiter(migrated, "service", "add", "--type", "ollama-external", "--url", f"http://127.0.0.1:{port}",
+                   ok=False)
+    assert_one_line_error(down, "cannot add service", f"cannot reach http://127.0.0.1:{port}")
+    bad_url = arbiter(migrated, "service", "add", "--type", "vllm", "--url", "ftp://127.0.0.1", ok=False)
+    assert_one_line_error(bad_url, "http(s)://")
+    lab = ("service", "add", "--type", "ollama-external", "--url", emulator.url, "--name", "lab")
+    arbiter(migrated, *lab)
+    again = arbiter(migrated, *lab, ok=False)
+    assert_one_line_error(again, "'lab'", "already exists")
+
+
+def test_an_old_ollama_is_added_without_its_decision_models(migrated: dict[str, str]) -> None:
+    with EmulatorServer(make_ollama_app(OllamaState(version="0.34.9"))) as server:
+        added = arbiter(migrated, "service", "add", "--type", "ollama-external", "--url", server.url)
+    assert "version 0.34.9" in added.stdout and "model llama3.2 (completion, tools)" in added.stdout
+    assert "model nimble" not in added.stdout
+    assert ("skipped nimble:latest: Decision models need Ollama 0.35.0 or newer; this Ollama is 0.34.9."
+            in added.stdout)
