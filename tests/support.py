@@ -37,7 +37,8 @@ def assert_error(response: httpx.Response, status: int, error_type: str | None =
     if isinstance(body["detail"], list):
         assert expected == "invalid_request_error" and status == 400
         for item in body["detail"]:
-            assert set(item) == {"loc", "msg", "type"} and item["loc"][0] == "body", item
+            assert set(item) == {"loc", "msg", "type"}, item
+            assert item["loc"][0] in ("body", "path", "query", "header"), item
     else:
         assert body["detail"] == {"error_type": expected, "message": body["error"]}, body
     return body

@@ -191,5 +191,5 @@ def test_an_old_ollama_is_added_without_its_decision_models(migrated: dict[str, 
         added = arbiter(migrated, "service", "add", "--type", "ollama-external", "--url", server.url)
     assert "version 0.34.9" in added.stdout and "model llama3.2 (completion, tools)" in added.stdout
     assert "model nimble" not in added.stdout
-    assert ("skipped nimble:latest: Decision models need Ollama 0.35.0 or newer; this Ollama is 0.34.9."
+    assert ("skipped nimble: Decision models need Ollama 0.35.0 or newer; this Ollama is 0.34.9."
             in added.stdout)

@@ -60,16 +60,27 @@ def add_service(session: Session, settings: Settings, actor: Actor, *, type: str
     return service
 
 
-def sync_service(session: Session, settings: Settings, service: Service) -> None:
-    """Re-read a service's version and models; errors land in its status, not in an exception."""
+def sync_service(session: Session, settings: Settings, service: Service,
+                 actor: Actor | None = None) -> None:
+    """Re-read a service's version and models; errors land in its status, not in an exception.
+    With an ``actor`` (an admin pressed Refresh) the refresh and its outcome are audited."""
     backend = make_backend(service.type, service.url, service.credential, settings)
+    before = sorted(m.backend_name for m in service_models(session, service))
     try:
         remote = _read(backend, service)
     except BackendError as exc:
         service.reachable = False
         service.last_error = str(exc)
-        return
-    _register(session, service, remote)
+    else:
+        _register(session, service, remote)
+    if actor is not None:
+        session.flush()
+        after = sorted(m.backend_name for m in service_models(session, service))
+        audit.record(session, actor=actor.name, action="service.refresh", target=f"service:{service.name}",
+                     request_id=actor.request_id,
+                     details={"version": service.version, "reachable": service.reachable,
+                              "added": sorted(set(after) - set(before)),
+                              "removed": sorted(set(before) - set(after))})
 
 
 def _read(backend: Any, service: Service) -> list[RemoteModel]:
@@ -88,7 +99,8 @@ def _register(session: Session, service: Service, remote: list[RemoteModel]) -> 
     wanted: dict[str, RemoteModel] = {}
     for model in remote:
         if gated and "decision" in model.capabilities:
-            skipped.append({"model": model.name, "reason": versions.gate_message(version)})
+            skipped.append({"model": _public(service.type, model.name), "backend_name": model.name,
+                            "reason": versions.gate_message(version)})
             continue
         wanted[model.name] = model
     existing = {m.backend_name: m for m in session.scalars(select(Model).where(Model.service_id == service.id))}

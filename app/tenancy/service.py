@@ -89,6 +89,8 @@ def update_project(session: Session, name: str, actor: Actor, *, models: Any = N
     project = get_project(session, name)
     details: dict[str, Any] = {}
     if set_models:
+        if models is None:
+            raise InvalidRequest("models must be \"all\" or a list of public model names, not null")
         project.allowed_models = normalize_allowlist(models)
         details["models"] = project.allowed_models if project.allowed_models is not None else "all"
     if archived is not None:
@@ -124,6 +126,8 @@ def create_key(session: Session, hasher: KeyHasher, actor: Actor, *, kind: str,
         project_id = project_obj.id
     if expires_at is not None and expires_at.tzinfo is None:
         expires_at = expires_at.replace(tzinfo=dt.UTC)
+    if expires_at is not None and expires_at <= utcnow():
+        raise InvalidRequest("expires_at is in the past; a key must expire in the future")
     new = hasher.new(kind)
     key = ApiKey(kind=kind, project_id=project_id, name=name, digest=new.digest, prefix=new.prefix,
                  last_four=new.last_four, expires_at=expires_at)

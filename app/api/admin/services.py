@@ -43,10 +43,10 @@ async def remove_service(name: str, actor: AdminDep, c: ComponentsDep) -> None:
 
 
 @router.post("/services/{name}/refresh")
-async def refresh_service(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+async def refresh_service(name: str, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> dict[str, Any]:
         service = services.get_service(s, name)
-        services.sync_service(s, c.settings, service)
+        services.sync_service(s, c.settings, service, actor=actor)
         return services.service_view(service)
     view = await c.in_session(work)
     await c.registry.reload()

@@ -221,3 +221,14 @@ def test_service_changes_are_audited(stack: Stack, lab: tuple[EmulatorServer, Ol
         ("service.create", "service:lab", added.headers["X-Request-Id"])]
     assert entries[1]["details"] == {"type": "ollama-external", "url": server.url}
     assert entries[0]["actor"].startswith("admin-key:")
+
+
+def test_refresh_is_audited_with_what_it_changed(stack: Stack) -> None:
+    stack.ollama_state.models["tev1"] = ["decision"]
+    with stack.client("admin") as admin:
+        response = admin.post("/admin/services/ollama/refresh")
+        assert response.status_code == 200
+        entry = admin.get("/admin/audit").json()["data"][0]
+    assert entry["action"] == "service.refresh" and entry["target"] == "service:ollama"
+    assert entry["request_id"] == response.headers["x-request-id"]
+    assert entry["details"]["added"] == ["tev1:latest"] and entry["details"]["removed"] == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import time
 from typing import Any
 
 import httpx
@@ -256,9 +257,14 @@ def test_an_admin_key_can_be_rotated(stack: Stack) -> None:
 
 def test_expiry(stack: Stack) -> None:
     now = dt.datetime.now(dt.UTC)
-    expired = new_key(stack, expires_at=(now - dt.timedelta(minutes=1)).isoformat())
+    with stack.client("admin") as admin:
+        past = admin.post("/admin/projects/acme/keys", json={"expires_at": (now - dt.timedelta(minutes=1)).isoformat()})
+    assert "in the past" in assert_error(past, 400)["error"]
+    expired = new_key(stack, expires_at=(now + dt.timedelta(seconds=1.5)).isoformat())
     current = new_key(stack, expires_at=(now + dt.timedelta(days=1)).isoformat())
     assert dt.datetime.fromisoformat(current["expires_at"]) > now
+    assert decide(stack, expired["key"]).status_code == 200  # cached now, and still honoured below
+    time.sleep(max(0.0, (now + dt.timedelta(seconds=1.6) - dt.datetime.now(dt.UTC)).total_seconds()))
     error = assert_error(decide(stack, expired["key"]), 401)
     assert "expired" in error["error"]
     assert_error(stack.gateway.client(expired["key"]).get("/v1/models"), 401)
@@ -360,3 +366,9 @@ def test_the_audit_log_pages_newest_first(stack: Stack) -> None:
     assert [e["target"] for e in first] == ["project:p3", "project:p2"]
     rest = audit_log(stack, limit=2, before_id=first[-1]["id"])
     assert rest[0]["target"] == "project:p1" and rest[0]["id"] < first[-1]["id"]
+
+
+def test_a_null_allowlist_is_refused(stack: Stack) -> None:
+    with stack.client("admin") as admin:
+        response = admin.patch("/admin/projects/acme", json={"models": None})
+    assert "not null" in assert_error(response, 400)["error"]
