@@ -68,8 +68,8 @@ def _parser() -> argparse.ArgumentParser:
 
     service = sub.add_parser("service", help="services (backends)").add_subparsers(metavar="ACTION")
     add = service.add_parser("add", help="register a backend and its models")
-    add.add_argument("--type", required=True, choices=["ollama", "ollama-external", "vllm"])
-    add.add_argument("--url", required=True)
+    add.add_argument("--type", required=True, choices=["ollama", "ollama-external", "ollama-cloud", "vllm"])
+    add.add_argument("--url", default=None, help="the backend's URL (ollama-cloud: https://ollama.com)")
     add.add_argument("--name", default=None)
     add.add_argument("--api-key", default=None, help="the backend's bearer key, if it needs one")
     add.set_defaults(run=_service_add)

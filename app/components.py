@@ -10,10 +10,14 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
+from app.chat.forward import ChatForwarder
 from app.db import migrate
 from app.db.session import Database
 from app.decisions.forward import Forwarder
+from app.services.installs import Installer
 from app.services.registry import Registry
+from app.services.routing import ReplicaRouter
+from app.services.sync import SyncLoop
 from app.settings import Settings
 from app.tenancy import service as tenancy
 from app.tenancy.keycache import KeyCache
@@ -31,7 +35,11 @@ class Components:
         self.hasher = KeyHasher(settings.key_pepper.get_secret_value() if settings.key_pepper else None)
         self.keys = KeyCache(self.hasher, self._load_principal, settings.key_cache_ttl)
         self.registry = Registry(self.database, settings)
-        self.forwarder = Forwarder(self.registry, settings)
+        self.router = ReplicaRouter(settings.replica_backoff)
+        self.forwarder = Forwarder(self.registry, self.router, settings)
+        self.chat = ChatForwarder(self.registry, self.router, settings)
+        self.sync = SyncLoop(self.database, settings, self.registry.reload)
+        self.installer = Installer(self.database, settings, self.registry.reload)
         self.touches = KeyTouches(self.database)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -56,6 +64,9 @@ class Components:
         self._tasks = [
             asyncio.create_task(self.registry.run(self.settings.registry_refresh_interval)),
             asyncio.create_task(self.touches.run(self.settings.flush_interval)),
+            # Versions and models are read at start-up (in the background: a slow backend must
+            # not hold the gateway's start) and then on a schedule.
+            asyncio.create_task(self.sync.run(self.settings.sync_interval)),
         ]
 
     async def stop(self) -> None:
@@ -65,6 +76,7 @@ class Components:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        await self.installer.aclose()
         await self.touches.flush()
         await self.registry.aclose()
         self.database.dispose()

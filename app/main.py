@@ -13,11 +13,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api import errors
+from app.api.admin import models as admin_models
 from app.api.admin import services as admin_services
 from app.api.admin import tenancy as admin_tenancy
 from app.api.asgi import ASGIApp, Receive, Scope, Send
 from app.api.middleware import build_stack
 from app.api.public import routes as public_routes
+from app.api.public.chat import PATHS as CHAT_PATHS
+from app.api.public.chat import ChatRoute
 from app.api.public.systemone import SystemOneRoute
 from app.components import Components
 from app.settings import Settings
@@ -34,16 +37,21 @@ class Arbiter:
         self.fastapi = _build_fastapi(self.components)
         self.decisions = SystemOneRoute(self.components.keys, self.components.forwarder,
                                         self.components.touches, settings)
+        self.chat = ChatRoute(self.components.keys, self.components.chat, self.components.touches, settings)
         self._stack: ASGIApp = build_stack(self._route)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._stack(scope, receive, send)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == DECISION_PATH and scope["method"] == "POST":
-            await self.decisions(scope, receive, send)
-        else:
-            await self.fastapi(scope, receive, send)
+        if scope["type"] == "http" and scope["method"] == "POST":
+            if scope["path"] == DECISION_PATH:
+                await self.decisions(scope, receive, send)
+                return
+            if scope["path"] in CHAT_PATHS:
+                await self.chat(scope, receive, send)
+                return
+        await self.fastapi(scope, receive, send)
 
 
 def _build_fastapi(components: Components) -> FastAPI:
@@ -67,12 +75,19 @@ def _build_fastapi(components: Components) -> FastAPI:
     app.include_router(public_routes.router)
     app.include_router(admin_tenancy.router)
     app.include_router(admin_services.router)
+    app.include_router(admin_models.router)
 
-    @app.api_route(DECISION_PATH, methods=["POST"], include_in_schema=True, tags=["decisions"])
-    async def systemone_doc() -> None:  # pragma: no cover - POST never reaches FastAPI
-        """System One decisions (SPEC §1). Served by the lean ASGI route."""
+    # POST on these paths is taken by the lean routes before FastAPI; declared here so that
+    # other methods get FastAPI's 405 with Allow, and the routes appear in the OpenAPI schema.
+    for path, summary in ((DECISION_PATH, "System One decisions"),
+                          *((p, "Chat, forwarded to a model with the completion capability") for p in CHAT_PATHS)):
+        app.add_api_route(path, _served_by_lean_route, methods=["POST"], summary=summary)
 
     return app
+
+
+async def _served_by_lean_route() -> None:  # pragma: no cover - POST never reaches FastAPI
+    """Served by a lean ASGI route in front of FastAPI."""
 
 
 def create_app(settings: Settings | None = None) -> Arbiter:

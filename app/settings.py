@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     bootstrap_admin_key: SecretStr | None = Field(
         None, description="An admin key to register at start-up when no admin key exists."
     )
+    secret_key: SecretStr | None = Field(
+        None, description="Encrypts service credentials at rest; needed to store a service's API key."
+    )
     key_cache_ttl: float = Field(30.0, description="Seconds a resolved key stays cached.")
 
     # Backends.
@@ -55,6 +58,9 @@ class Settings(BaseSettings):
     backend_pool_size: int = Field(256, description="Connections per backend pool.")
     replica_backoff: float = Field(
         10.0, description="Seconds a replica is left out after a connection error, timeout or 5xx."
+    )
+    sync_interval: float = Field(
+        60.0, description="Seconds between scheduled syncs of every service (version and models)."
     )
     registry_refresh_interval: float = Field(
         5.0, description="Seconds between reloads of services and models from the database."

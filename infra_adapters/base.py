@@ -10,6 +10,7 @@ calls (version, model lists) use a short-lived httpx client.
     ├── BackendTimeout       no complete answer within the timeout
     ├── ReplyTooLarge        the answer is over the response cap
     └── BackendProtocolError the answer is not what the protocol promises
+        └── BackendAuthRejected  the backend refused Arbiter's own credential
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class BackendProtocolError(BackendError):
     pass
 
 
+class BackendAuthRejected(BackendProtocolError):
+    pass
+
+
 @dataclass(frozen=True, slots=True)
 class RemoteModel:
     """A model as the backend lists it."""
@@ -68,6 +73,23 @@ class CallOptions:
     max_reply_bytes: int
     headers: dict[str, str] = field(default_factory=dict)  # traceparent, tracestate, request id
     tenant_salt: str | None = None  # per-project prefix-cache salt, for backends that take one
+    streaming: bool = False  # the timeout is then the longest silence, not the whole answer
+
+
+class Stream(Protocol):
+    """An answer being received: status and headers now, the body as it arrives."""
+
+    status: int
+    content_type: str | None
+
+    def chunks(self) -> Any:
+        """Async iterator of body chunks, in the order they arrive."""
+
+    async def read(self, limit: int) -> bytes:
+        """The whole body (ReplyTooLarge past ``limit``)."""
+
+    async def close(self) -> None:
+        """Release the connection."""
 
 
 class Backend(Protocol):
@@ -91,6 +113,12 @@ class Backend(Protocol):
 
     def decisions_unsupported(self, reply: Reply) -> bool:
         """True when ``reply`` says the backend has no decision endpoint at all."""
+
+    def route(self, api: str) -> str | None:
+        """The backend path for a public API ("openai-chat", "ollama-chat", "embed"), or None."""
+
+    async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> Stream:
+        """POST ``body`` to ``path`` and return the answer as a stream."""
 
     async def aclose(self) -> None:
         """Close pooled connections."""

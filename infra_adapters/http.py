@@ -3,6 +3,8 @@ httpx for admin calls; transport errors translated into the BackendError tree.""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
@@ -10,6 +12,7 @@ import httpx
 import orjson
 
 from infra_adapters.base import (
+    BackendAuthRejected,
     BackendBroken,
     BackendProtocolError,
     BackendTimeout,
@@ -18,6 +21,8 @@ from infra_adapters.base import (
     Reply,
     ReplyTooLarge,
 )
+
+__all__ = ["AiohttpStream", "HttpBackendBase", "translate_errors"]
 
 
 class HttpBackendBase:
@@ -33,7 +38,7 @@ class HttpBackendBase:
         self._admin_timeout = admin_timeout
         self._pool_size = pool_size
         self._session: aiohttp.ClientSession | None = None
-        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        self._timeouts: dict[tuple[float, bool], aiohttp.ClientTimeout] = {}
 
     @property
     def has_credential(self) -> bool:
@@ -53,7 +58,8 @@ class HttpBackendBase:
     def _admin_post(self, path: str, payload: dict[str, Any]) -> Any:
         return self._admin_request("POST", path, payload)
 
-    def _admin_request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> Any:
+    def _admin_request(self, method: str, path: str, payload: dict[str, Any] | None = None, *,
+                       missing_ok: bool = False) -> Any:
         timeout = httpx.Timeout(self._admin_timeout, connect=self._connect_timeout)
         try:
             with httpx.Client(timeout=timeout) as client:
@@ -64,10 +70,15 @@ class HttpBackendBase:
         except httpx.HTTPError as exc:
             raise BackendUnreachable(f"cannot reach {self.url}: {type(exc).__name__}") from exc
         if response.status_code in (401, 403):
-            raise BackendProtocolError(
-                f"{self.url}{path} refused Arbiter's credential (HTTP {response.status_code})")
+            raise BackendAuthRejected(
+                f"{self.url}{path} refused Arbiter's credential (HTTP {response.status_code}); "
+                "check the service's API key")
+        if response.status_code == 404 and missing_ok:
+            return None
         if response.status_code != 200:
             raise BackendProtocolError(f"{self.url}{path} answered HTTP {response.status_code}")
+        if not response.content:
+            return {}
         try:
             return response.json()
         except ValueError as exc:
@@ -83,49 +94,88 @@ class HttpBackendBase:
                                                   skip_auto_headers=("User-Agent",))
         return self._session
 
-    def _timeout(self, seconds: float) -> aiohttp.ClientTimeout:
-        timeout = self._timeouts.get(seconds)
+    def _timeout(self, seconds: float, streaming: bool = False) -> aiohttp.ClientTimeout:
+        timeout = self._timeouts.get((seconds, streaming))
         if timeout is None:
-            timeout = aiohttp.ClientTimeout(total=seconds, connect=min(self._connect_timeout, seconds))
-            self._timeouts[seconds] = timeout
+            connect = min(self._connect_timeout, seconds)
+            timeout = (aiohttp.ClientTimeout(total=None, connect=connect, sock_read=seconds) if streaming
+                       else aiohttp.ClientTimeout(total=seconds, connect=connect))
+            self._timeouts[(seconds, streaming)] = timeout
         return timeout
 
-    async def _post(self, path: str, body: dict[str, Any], options: CallOptions) -> Reply:
-        payload = orjson.dumps(body)
+    def _headers(self, options: CallOptions) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity",
                    "User-Agent": "arbiter", **options.headers}
         if self._credential:
             headers["Authorization"] = f"Bearer {self._credential}"
-        url = self.url + path
+        return headers
+
+    async def _post(self, path: str, body: dict[str, Any], options: CallOptions) -> Reply:
+        stream = await self.open(path, body, options)
         try:
-            async with self._client().post(url, data=payload, headers=headers,
-                                           timeout=self._timeout(options.timeout)) as response:
-                declared = response.content_length
-                if declared is not None and declared > options.max_reply_bytes:
-                    raise ReplyTooLarge(f"{url} answered {declared} bytes, over the "
-                                        f"{options.max_reply_bytes}-byte response cap")
-                chunks: list[bytes] = []
-                size = 0
-                async for chunk in response.content.iter_any():
-                    size += len(chunk)
-                    if size > options.max_reply_bytes:
-                        raise ReplyTooLarge(f"{url} answered more than the "
-                                            f"{options.max_reply_bytes}-byte response cap")
-                    chunks.append(chunk)
-                return Reply(response.status, response.headers.get("Content-Type"), b"".join(chunks))
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-            raise BackendTimeout(f"{url} did not answer within {options.timeout:g}s") from exc
-        except aiohttp.ClientConnectorError as exc:
-            raise BackendUnreachable(f"cannot connect to {self.url}: {exc.os_error or exc}") from exc
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError,
-                aiohttp.ClientOSError) as exc:
-            raise BackendBroken(f"{url} broke the connection: {type(exc).__name__}") from exc
-        except aiohttp.ClientResponseError as exc:
-            raise BackendBroken(f"{url} sent a malformed answer: {exc.message}") from exc
-        except aiohttp.ClientError as exc:
-            raise BackendBroken(f"{url} failed: {type(exc).__name__}") from exc
+            return Reply(stream.status, stream.content_type, await stream.read(options.max_reply_bytes))
+        finally:
+            await stream.close()
+
+    async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> AiohttpStream:
+        """POST and return as soon as the answer's head has arrived."""
+        url = self.url + path
+        with translate_errors(url, options.timeout):
+            response = await self._client().post(url, data=orjson.dumps(body), headers=self._headers(options),
+                                                 timeout=self._timeout(options.timeout, options.streaming))
+        return AiohttpStream(url, response, options.timeout)
 
     async def aclose(self) -> None:
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
+
+
+@contextlib.contextmanager
+def translate_errors(url: str, timeout: float) -> Iterator[None]:
+    """aiohttp's errors as the BackendError tree."""
+    try:
+        yield
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise BackendTimeout(f"{url} did not answer within {timeout:g}s") from exc
+    except aiohttp.ClientConnectorError as exc:
+        raise BackendUnreachable(f"cannot connect to {url}: {exc.os_error or exc}") from exc
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
+        raise BackendBroken(f"{url} broke the connection: {type(exc).__name__}") from exc
+    except aiohttp.ClientResponseError as exc:
+        raise BackendBroken(f"{url} sent a malformed answer: {exc.message}") from exc
+    except aiohttp.ClientError as exc:
+        raise BackendBroken(f"{url} failed: {type(exc).__name__}") from exc
+
+
+class AiohttpStream:
+    """One answer from a backend, read whole (with a cap) or chunk by chunk as it arrives."""
+
+    def __init__(self, url: str, response: aiohttp.ClientResponse, timeout: float) -> None:
+        self._url = url
+        self._response = response
+        self._timeout = timeout
+        self.status = response.status
+        self.content_type: str | None = response.headers.get("Content-Type")
+
+    async def read(self, limit: int) -> bytes:
+        declared = self._response.content_length
+        if declared is not None and declared > limit:
+            raise ReplyTooLarge(f"{self._url} answered {declared} bytes, over the {limit}-byte response cap")
+        parts: list[bytes] = []
+        size = 0
+        with translate_errors(self._url, self._timeout):
+            async for chunk in self._response.content.iter_any():
+                size += len(chunk)
+                if size > limit:
+                    raise ReplyTooLarge(f"{self._url} answered more than the {limit}-byte response cap")
+                parts.append(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        with translate_errors(self._url, self._timeout):
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+
+    async def close(self) -> None:
+        self._response.release()

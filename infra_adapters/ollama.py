@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
-from infra_adapters.base import BackendProtocolError, CallOptions, RemoteModel, Reply
+import orjson
+
+from infra_adapters.base import (
+    BackendBroken,
+    BackendProtocolError,
+    CallOptions,
+    RemoteModel,
+    Reply,
+)
 from infra_adapters.http import HttpBackendBase
 from infra_adapters.media import as_base64
 
 _MEDIA = ("images", "audio", "videos")
+_ROUTES = {"openai-chat": "/v1/chat/completions", "ollama-chat": "/api/chat", "embed": "/api/embed"}
 
 
 class OllamaBackend(HttpBackendBase):
@@ -49,10 +59,55 @@ class OllamaBackend(HttpBackendBase):
                 body[field] = [as_base64(i) if isinstance(i, str) else i for i in items]
         return body
 
+    def route(self, api: str) -> str | None:
+        return _ROUTES.get(api)
+
+    async def pull(self, name: str, options: CallOptions) -> AsyncIterator[dict[str, Any]]:
+        """Pull a model: yields Ollama's progress lines; BackendProtocolError on its error line."""
+        stream = await self.open("/api/pull", {"model": name, "stream": True}, options)
+        try:
+            if stream.status != 200:
+                body = await stream.read(1 << 20)
+                raise BackendProtocolError(f"pull of {name} failed: HTTP {stream.status} {body[:300]!r}")
+            pending = b""
+            async for chunk in stream.chunks():
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield _progress(line, name)
+            if pending.strip():
+                yield _progress(pending, name)
+        finally:
+            await stream.close()
+
+    def delete(self, name: str) -> bool:
+        """Remove a model; False when the backend did not have it."""
+        return self._admin_request("DELETE", "/api/delete", {"model": name}, missing_ok=True) is not None
+
     def decisions_unsupported(self, reply: Reply) -> bool:
         # Ollama's router answers an unknown route with Go's plain-text 404;
         # a missing model is a JSON 404. Only the first means "no decisions here".
         return reply.status == 404 and (reply.content_type or "").startswith("text/plain")
+
+
+def _progress(line: bytes, name: str) -> dict[str, Any]:
+    try:
+        progress = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise BackendBroken(f"pull of {name}: the progress stream is not NDJSON") from exc
+    if not isinstance(progress, dict):
+        raise BackendBroken(f"pull of {name}: the progress stream is not NDJSON")
+    if "error" in progress:
+        raise BackendProtocolError(f"pull of {name} failed: {progress['error']}")
+    return progress
+
+
+class OllamaCloudBackend(OllamaBackend):
+    """Ollama Cloud (https://ollama.com): Ollama's API behind a bearer key; it hosts, it does not pull."""
+
+    kind = "ollama-cloud"
+    DEFAULT_URL = "https://ollama.com"
 
 
 def public_name(backend_name: str) -> str:

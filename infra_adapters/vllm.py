@@ -13,6 +13,7 @@ from infra_adapters.media import as_data_url
 GENERATION_CAPABILITIES = frozenset({"completion", "decision"})
 _MEDIA = ("images", "audio", "videos")
 _FASTAPI_NOT_FOUND = b'{"detail":"Not Found"}'
+_ROUTES = {"openai-chat": "/v1/chat/completions", "embed": "/v1/embeddings"}
 
 
 class VllmBackend(HttpBackendBase):
@@ -52,6 +53,9 @@ class VllmBackend(HttpBackendBase):
             else:
                 body["cache_salt"] = tenant_salt
         return body
+
+    def route(self, api: str) -> str | None:
+        return _ROUTES.get(api)  # vLLM does not speak Ollama's /api/chat
 
     def decisions_unsupported(self, reply: Reply) -> bool:
         # A vLLM that predates /v1/systemone answers FastAPI's route 404.

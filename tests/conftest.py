@@ -22,6 +22,9 @@ from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState, make_vllm_app
 from tests.support import Gateway, Stack, start_gateway
 
+# Service credentials are stored encrypted; every Settings() in the tests can open them.
+os.environ.setdefault("ARBITER_SECRET_KEY", "test-secret-key-for-service-credentials")
+
 
 @pytest.fixture(scope="session")
 def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

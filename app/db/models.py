@@ -77,6 +77,7 @@ class Service(Base):
     credential: Mapped[str | None] = mapped_column(Text, nullable=True)
     text_limit: Mapped[int] = mapped_column(Integer)
     timeout: Mapped[float | None] = mapped_column(Float, nullable=True)
+    context_length: Mapped[int | None] = mapped_column(Integer, nullable=True)
     version: Mapped[str | None] = mapped_column(String(100), nullable=True)
     version_override: Mapped[str | None] = mapped_column(String(100), nullable=True)
     reachable: Mapped[bool] = mapped_column(Boolean, default=False)
@@ -100,6 +101,28 @@ class Model(Base):
     source: Mapped[str] = mapped_column(String(16), default="sync")  # sync, catalog, custom
     timeout: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ModelInstall(Base):
+    """A model being pulled onto an Ollama: progress any replica can read, a cancel any can ask."""
+
+    __tablename__ = "model_installs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    service_id: Mapped[int] = mapped_column(ForeignKey("services.id", ondelete="CASCADE"))
+    backend_name: Mapped[str] = mapped_column(String(200))
+    public_name: Mapped[str] = mapped_column(String(200))
+    capabilities: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    source: Mapped[str] = mapped_column(String(16), default="catalog")
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running, succeeded, failed, cancelled
+    stage: Mapped[str] = mapped_column(String(200), default="starting")
+    percent: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    actor: Mapped[str] = mapped_column(String(200), default="")
+    started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class AuditEntry(Base):

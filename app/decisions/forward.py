@@ -23,6 +23,7 @@ from app.errors import (
     UpstreamAuthFailed,
 )
 from app.services.registry import ModelEntry, Registry, Replica
+from app.services.routing import ReplicaRouter
 from app.settings import Settings
 from app.tenancy.principal import Principal
 from infra_adapters.base import (
@@ -50,15 +51,15 @@ class Outcome:
 
 
 class Forwarder:
-    def __init__(self, registry: Registry, settings: Settings) -> None:
+    def __init__(self, registry: Registry, router: ReplicaRouter, settings: Settings) -> None:
         self._registry = registry
+        self._router = router
         self._settings = settings
-        self._out_until: dict[tuple[int, str], float] = {}
-        self._turn = 0
         self._salt_seed = settings.key_pepper.get_secret_value() if settings.key_pepper else ""
 
     async def decide(self, principal: Principal, body: dict[str, Any], request: DecisionRequest,
-                     raw_length: int, headers: dict[str, str]) -> Outcome:
+                     raw_length: int, headers: dict[str, str], *, only: int | None = None) -> Outcome:
+        """Check and forward one decision. ``only`` (a service id) pins the replica (the Test action)."""
         if request.remote_media and not self._settings.allow_remote_media_urls:
             raise InvalidRequest("remote media URLs are not accepted; send base64 or data: URLs "
                                  "(an admin can allow URLs with ARBITER_ALLOW_REMOTE_MEDIA_URLS)")
@@ -71,6 +72,10 @@ class Forwarder:
         if entry is None:
             raise NotFound(f"model '{model}' is not installed")
         replicas = self._eligible(entry, body, request, raw_length)
+        if only is not None:
+            replicas = [r for r in replicas if r.service_id == only]
+            if not replicas:
+                raise NotFound(f"model '{model}' is not served by that service")
         options = CallOptions(timeout=0.0, max_reply_bytes=self._settings.max_response_bytes,
                               headers=headers, tenant_salt=self._tenant_salt(principal))
         return await self._call(model, replicas, body, options)
@@ -106,38 +111,22 @@ class Forwarder:
         tried: set[int] = set()
         last_error: BackendFailed | None = None
         for _attempt in range(2):  # one retry on another replica
-            replica = self._pick(replicas, tried)
+            replica = self._router.pick(replicas, tried)
             if replica is None:
                 break
             tried.add(id(replica))
             try:
                 return await self._call_one(model, replica, body, options)
             except _ReplicaFault as fault:
-                self._out_until[(replica.service_id, replica.backend_name)] = (
-                    time.monotonic() + self._settings.replica_backoff)
+                self._router.take_out(replica)
                 last_error = fault.error
-                if fault.reply is not None and not self._pick(replicas, tried):
+                if fault.reply is not None and not self._router.pick(replicas, tried):
                     # Nowhere else to go: the backend's own 5xx passes through.
                     return fault.reply
         if last_error is not None:
             raise last_error
         raise BackendFailed(503, f"every backend that serves model '{model}' is down or backed off; "
-                                 "try again shortly", retry_after=max(1, int(self._settings.replica_backoff)))
-
-    def _pick(self, replicas: list[Replica], tried: set[int]) -> Replica | None:
-        """The available replica with the fewest requests in flight; ties take turns."""
-        now = time.monotonic()
-        best: Replica | None = None
-        self._turn += 1
-        start = self._turn % len(replicas)
-        for replica in replicas[start:] + replicas[:start] if start else replicas:
-            if id(replica) in tried:
-                continue
-            if self._out_until.get((replica.service_id, replica.backend_name), 0.0) > now:
-                continue
-            if best is None or replica.in_flight < best.in_flight:
-                best = replica
-        return best
+                                 "try again shortly", retry_after=self._router.retry_after)
 
     async def _call_one(self, model: str, replica: Replica, body: dict[str, Any],
                         options: CallOptions) -> Outcome:
@@ -209,6 +198,12 @@ def _json_object(body: bytes) -> dict[str, Any] | None:
         except ArbiterError:
             return None
     return value if isinstance(value, dict) else None
+
+
+def rewrite_model(body: bytes, backend_name: str, public_name: str) -> bytes:
+    """A JSON object's ``model`` set to the public name; anything else unchanged."""
+    answer = _json_object(body)
+    return body if answer is None else _with_model(body, answer, backend_name, public_name)
 
 
 def _with_model(body: bytes, answer: dict[str, Any], backend_name: str, public_name: str) -> bytes:

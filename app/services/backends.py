@@ -5,13 +5,13 @@ from __future__ import annotations
 from app.errors import InvalidRequest
 from app.settings import Settings
 from infra_adapters.base import Backend
-from infra_adapters.ollama import OllamaBackend
+from infra_adapters.ollama import OllamaBackend, OllamaCloudBackend
 from infra_adapters.vllm import VllmBackend
 
 SERVICE_TYPES = ("ollama", "ollama-external", "ollama-cloud", "vllm")
-# Types whose adapter exists today; the others arrive with the services issue.
 _ADAPTERS: dict[str, type[OllamaBackend | VllmBackend]] = {
-    "ollama": OllamaBackend, "ollama-external": OllamaBackend, "vllm": VllmBackend,
+    "ollama": OllamaBackend, "ollama-external": OllamaBackend, "ollama-cloud": OllamaCloudBackend,
+    "vllm": VllmBackend,
 }
 PROVIDER_NAMES = {"ollama": "ollama", "ollama-external": "ollama", "ollama-cloud": "ollama_cloud",
                   "vllm": "vllm"}

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from app.db.session import Database
 from app.services import service as services
 from app.services.backends import PROVIDER_NAMES, make_backend
+from app.services.credentials import CredentialBox, CredentialUnavailable
 from app.settings import Settings
 from infra_adapters.base import Backend
 
@@ -57,6 +58,7 @@ class Registry:
         self._models: dict[str, ModelEntry] = {}
         self._backends: dict[int, tuple[tuple[str, str, str | None], Backend]] = {}
         self._lock = asyncio.Lock()
+        self._box = CredentialBox.from_settings(settings)
 
     def get(self, public_name: str) -> ModelEntry | None:
         return self._models.get(public_name)
@@ -87,6 +89,11 @@ class Registry:
         live_services: set[int] = set()
         for (service_id, service_name, service_type, url, credential, text_limit, service_timeout,
              public, backend_name, caps, model_timeout, created) in rows:
+            try:
+                credential = self._box.open(credential)
+            except CredentialUnavailable as exc:
+                log.error("service %s is left out: %s", service_name, exc)
+                continue
             live_services.add(service_id)
             backend = self._backend(service_id, service_type, url, credential)
             timeout = model_timeout or service_timeout or self._settings.backend_timeout

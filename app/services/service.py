@@ -11,16 +11,15 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from app import audit
-from app.db.models import Model, Service, utcnow
+from app.db.models import Model, Service
 from app.errors import Conflict, InvalidRequest, NotFound
-from app.services import versions
-from app.services.backends import make_backend
+from app.services import catalog, sync, versions
+from app.services.backends import SERVICE_TYPES
+from app.services.credentials import CredentialBox
 from app.settings import Settings
 from app.tenancy.service import Actor
-from infra_adapters.base import BackendError, RemoteModel
-from infra_adapters.ollama import public_name
-
-_OLLAMA_TYPES = ("ollama", "ollama-external")
+from infra_adapters.base import BackendError
+from infra_adapters.ollama import OllamaCloudBackend
 
 
 def check_url(url: str) -> str:
@@ -35,91 +34,73 @@ def default_name(service_type: str, url: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{service_type}-{host.hostname}-{host.port or ''}").strip("-")
 
 
-def add_service(session: Session, settings: Settings, actor: Actor, *, type: str, url: str,
-                name: str | None = None, credential: str | None = None,
-                text_limit: int | None = None) -> Service:
+def add_service(session: Session, settings: Settings, actor: Actor, *, type: str, url: str | None = None,
+                name: str | None = None, credential: str | None = None, text_limit: int | None = None,
+                timeout: float | None = None, context_length: int | None = None) -> Service:
     """Register a backend, read its version and its models. An unreachable URL is a 400."""
-    url = check_url(url)
-    backend = make_backend(type, url, credential, settings)
+    if type not in SERVICE_TYPES:
+        raise InvalidRequest(f"unknown service type {type!r}; use one of: {', '.join(SERVICE_TYPES)}")
+    if type == "ollama-cloud":
+        url = url or OllamaCloudBackend.DEFAULT_URL
+        if not credential:
+            raise InvalidRequest("an ollama-cloud service needs its api_key (an ollama.com key)")
+    url = check_url(url or "")
     name = name or default_name(type, url)
+    _check_limits(text_limit, timeout, context_length)
+    if context_length is not None and type != "ollama":
+        raise InvalidRequest("context_length applies to the deployment's own Ollama (type ollama) only")
     if session.scalar(select(Service).where(Service.name == name)):
         raise Conflict(f"service '{name}' already exists")
-    if text_limit is not None and text_limit <= 0:
-        raise InvalidRequest("text_limit must be a positive number of bytes")
-    service = Service(name=name, type=type, url=url, credential=credential,
-                      text_limit=text_limit or settings.default_text_limit, skipped_models=[])
+    service = Service(name=name, type=type, url=url,
+                      credential=CredentialBox.from_settings(settings).seal(credential),
+                      text_limit=text_limit or settings.default_text_limit, timeout=timeout,
+                      context_length=context_length, skipped_models=[])
     session.add(service)
     session.flush()
     try:
-        remote = _read(backend, service)
+        remote = sync.read(session, settings, service)
     except BackendError as exc:
         raise InvalidRequest(f"cannot add service '{name}': {exc}") from exc
-    _register(session, service, remote)
+    sync.register(session, service, remote)
     audit.record(session, actor=actor.name, action="service.create", target=f"service:{name}",
                  request_id=actor.request_id, details={"type": type, "url": url})
     return service
 
 
-def sync_service(session: Session, settings: Settings, service: Service,
-                 actor: Actor | None = None) -> None:
-    """Re-read a service's version and models; errors land in its status, not in an exception.
-    With an ``actor`` (an admin pressed Refresh) the refresh and its outcome are audited."""
-    backend = make_backend(service.type, service.url, service.credential, settings)
-    before = sorted(m.backend_name for m in service_models(session, service))
-    try:
-        remote = _read(backend, service)
-    except BackendError as exc:
-        service.reachable = False
-        service.last_error = str(exc)
-    else:
-        _register(session, service, remote)
-    if actor is not None:
-        session.flush()
-        after = sorted(m.backend_name for m in service_models(session, service))
-        audit.record(session, actor=actor.name, action="service.refresh", target=f"service:{service.name}",
-                     request_id=actor.request_id,
-                     details={"version": service.version, "reachable": service.reachable,
-                              "added": sorted(set(after) - set(before)),
-                              "removed": sorted(set(before) - set(after))})
+def update_service(session: Session, settings: Settings, name: str, actor: Actor,
+                   changes: dict[str, Any]) -> Service:
+    """Change a service (url, api_key, text_limit, timeout, context_length, version_override)."""
+    service = get_service(session, name)
+    _check_limits(changes.get("text_limit"), changes.get("timeout"), changes.get("context_length"))
+    if changes.get("context_length") is not None and service.type != "ollama":
+        raise InvalidRequest("context_length applies to the deployment's own Ollama (type ollama) only")
+    if "version_override" in changes and service.type not in sync.OLLAMA_TYPES:
+        raise InvalidRequest("version_override applies to ollama and ollama-external services only")
+    details: dict[str, Any] = {}
+    if "url" in changes:
+        service.url = check_url(changes["url"])
+        details["url"] = service.url
+    if "api_key" in changes:
+        service.credential = CredentialBox.from_settings(settings).seal(changes["api_key"])
+        details["api_key"] = "changed" if changes["api_key"] else "removed"
+    for field in ("text_limit", "timeout", "context_length", "version_override"):
+        if field in changes:
+            setattr(service, field, changes[field])
+            details[field] = changes[field]
+    if details.keys() & {"url", "api_key", "version_override"}:
+        sync.sync_service(session, settings, service)  # what the backend serves may differ now
+    audit.record(session, actor=actor.name, action="service.update", target=f"service:{name}",
+                 request_id=actor.request_id, details=details)
+    return service
 
 
-def _read(backend: Any, service: Service) -> list[RemoteModel]:
-    service.version = backend.read_version()
-    models = backend.list_models()
-    service.reachable = True
-    service.last_error = None
-    service.last_sync_at = utcnow()
-    return models
-
-
-def _register(session: Session, service: Service, remote: list[RemoteModel]) -> None:
-    version = service.version_override or service.version
-    gated = service.type in _OLLAMA_TYPES and not versions.supports_decisions(version)
-    skipped: list[dict[str, str]] = []
-    wanted: dict[str, RemoteModel] = {}
-    for model in remote:
-        if gated and "decision" in model.capabilities:
-            skipped.append({"model": _public(service.type, model.name), "backend_name": model.name,
-                            "reason": versions.gate_message(version)})
-            continue
-        wanted[model.name] = model
-    existing = {m.backend_name: m for m in session.scalars(select(Model).where(Model.service_id == service.id))}
-    for backend_name, row in existing.items():
-        if backend_name not in wanted and row.source == "sync":
-            session.delete(row)
-    for backend_name, model in wanted.items():
-        known = existing.get(backend_name)
-        if known is None:
-            session.add(Model(service_id=service.id, backend_name=backend_name,
-                              public_name=_public(service.type, backend_name),
-                              capabilities=sorted(model.capabilities), source="sync"))
-        else:
-            known.capabilities = sorted(model.capabilities)
-    service.skipped_models = skipped
-
-
-def _public(service_type: str, backend_name: str) -> str:
-    return public_name(backend_name) if service_type in _OLLAMA_TYPES else backend_name
+def _check_limits(text_limit: int | None, timeout: float | None, context_length: int | None) -> None:
+    if text_limit is not None and text_limit <= 0:
+        raise InvalidRequest("text_limit must be a positive number of bytes")
+    if timeout is not None and not 0 < timeout <= 3600:
+        raise InvalidRequest("timeout must be between 0 and 3600 seconds")
+    if context_length is not None and not 256 <= context_length <= 1 << 21:
+        raise InvalidRequest("context_length must be between 256 and 2097152 tokens")
 
 
 def get_service(session: Session, name: str) -> Service:
@@ -150,10 +131,11 @@ def service_view(service: Service) -> dict[str, Any]:
     return {
         "id": service.id, "name": service.name, "type": service.type, "url": service.url,
         "has_credential": bool(service.credential), "text_limit": service.text_limit,
+        "timeout": service.timeout, "context_length": service.context_length,
         "version": service.version, "version_override": service.version_override,
         "reachable": service.reachable,
-        "decisions_supported": (versions.supports_decisions(service.version_override or service.version)
-                                if service.type in _OLLAMA_TYPES else True),
+        "decisions_supported": not sync.gated(service),
+        "decisions_message": versions.gate_message(sync.effective_version(service)) if sync.gated(service) else None,
         "last_sync_at": _iso(service.last_sync_at),
         "last_error": service.last_error, "skipped_models": service.skipped_models,
     }
@@ -167,8 +149,36 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 def model_view(model: Model, service: Service | None = None) -> dict[str, Any]:
     return {"id": model.id, "public_name": model.public_name, "backend_name": model.backend_name,
-            "capabilities": model.capabilities, "source": model.source,
-            "service": service.name if service else model.service_id}
+            "kind": catalog.model_kind(model.capabilities), "capabilities": model.capabilities,
+            "source": model.source, "timeout": model.timeout,
+            "service": service.name if service else model.service_id,
+            "service_type": service.type if service else None}
+
+
+def get_model(session: Session, model_id: int) -> tuple[Model, Service]:
+    model = session.get(Model, model_id)
+    if model is None:
+        raise NotFound(f"model {model_id} does not exist")
+    return model, session.get_one(Service, model.service_id)
+
+
+def update_model(session: Session, model_id: int, actor: Actor, changes: dict[str, Any]) -> tuple[Model, Service]:
+    """Rename a model's public name (replicas share one) or set its timeout."""
+    model, service = get_model(session, model_id)
+    if "public_name" in changes:
+        name = changes["public_name"]
+        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+            raise InvalidRequest("public_name must be a non-empty string of at most 200 characters")
+        model.public_name = name
+    if "timeout" in changes:
+        timeout = changes["timeout"]
+        if timeout is not None and not 0 < timeout <= 3600:
+            raise InvalidRequest("timeout must be between 0 and 3600 seconds")
+        model.timeout = timeout
+    audit.record(session, actor=actor.name, action="model.update",
+                 target=f"model:{service.name}/{model.backend_name}", request_id=actor.request_id,
+                 details=dict(changes))
+    return model, service
 
 
 def all_models(session: Session) -> list[tuple[Model, Service]]:

@@ -1,4 +1,4 @@
-"""Fault injection for the emulators' work endpoints (decisions, later chat).
+"""Fault injection for the emulators' work endpoints (decisions, chat, embeddings).
 
 A `Faults` object is shared between the test thread and the server thread; the
 test flips knobs at run time and the next request sees them. `respond()` wraps
@@ -6,7 +6,9 @@ an endpoint: it applies the knobs, and otherwise returns the real answer.
 
 Order, when several knobs are set: latency, hang, drop_connection, status,
 non_json, huge_body_bytes, then the real answer, sent normally, cut short
-(reset_mid_body) or one byte at a time (trickle_delay).
+(reset_mid_body) or one byte at a time (trickle_delay). A streamed real answer
+(NDJSON, SSE) is written by its handler, which applies those last two itself
+(see `streaming.stream_events`).
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ class Faults:
         )
 
 
-Handler = Callable[[], Awaitable[web.Response]]
+# `real` returns either a `web.Response` (sent by `respond`) or a `web.StreamResponse`
+# it has already prepared and written (streams: passed through as is).
+Handler = Callable[[], Awaitable[web.StreamResponse]]
 
 
 async def respond(request: web.Request, faults: Faults, real: Handler) -> web.StreamResponse:
@@ -84,6 +88,8 @@ async def respond(request: web.Request, faults: Faults, real: Handler) -> web.St
     if faults.huge_body_bytes > 0:
         return await _huge(request, faults.huge_body_bytes)
     response = await real()
+    if not isinstance(response, web.Response):
+        return response  # already streamed by the handler
     if faults.reset_mid_body:
         return await _reset_mid_body(request, response)
     if faults.trickle_delay > 0:

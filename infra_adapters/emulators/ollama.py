@@ -1,21 +1,36 @@
 """An Ollama emulator: `/api/version`, `/api/tags`, `/api/show`, `/v1/systemone`.
 
-Also `/api/pull` and `/api/delete` (install flows) and `GET /` ("Ollama is
-running"). Unknown routes answer as Ollama's router does: a plain-text 404.
+Also `/api/pull` (paced progress stream, `ollama_pull`) and `/api/delete`
+(install flows), chat and embeddings (`/api/chat`, `/api/embed` and the
+OpenAI-compatible `/v1/chat/completions`, `/v1/embeddings`: `ollama_chat`) and
+`GET /` ("Ollama is running"). Unknown routes answer as Ollama's router does: a
+plain-text 404. `ollama_cloud_state()` makes an Ollama Cloud stand-in.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from .answers import ollama_answer, usage
-from .faults import Faults, respond
+from .faults import respond
+from .ollama_chat import add_chat_routes
+from .ollama_pull import handle_pull
+from .ollama_state import (
+    GO_404_BODY,
+    GO_404_CONTENT_TYPE,
+    STATE_KEY,
+    OllamaState,
+    canonical_name,
+    default_library,
+    default_models,
+    error,
+    go_404,
+    model_digest,
+    model_size,
+)
 from .ollama_validation import (
     MAX_QUESTIONS,
     MEDIA_CAPABILITY,
@@ -27,7 +42,6 @@ from .ollama_validation import (
 )
 from .recording import (
     CLIENT_MAX_SIZE,
-    RecordedRequest,
     bearer_token,
     is_missing,
     json_response,
@@ -37,77 +51,39 @@ from .recording import (
 )
 from .server import serve_forever
 
+__all__ = [
+    "GO_404_BODY",
+    "GO_404_CONTENT_TYPE",
+    "OllamaState",
+    "canonical_name",
+    "default_library",
+    "default_models",
+    "make_ollama_app",
+    "ollama_cloud_state",
+    "run_ollama_emulator",
+]
+
 DECISION_MIN_VERSION = "0.35.0"
 MODIFIED_AT = "2025-11-20T10:00:00.000000000Z"
-GO_404_BODY = b"404 page not found"
-GO_404_CONTENT_TYPE = "text/plain; charset=utf-8"
+CLOUD_VERSION = "0.35.2"
 
 
-def default_models() -> dict[str, list[str]]:
-    return {
-        "nimble": ["decision"],
-        "clef": ["decision", "vision"],
-        "llama3.2": ["completion", "tools"],
-    }
+def cloud_models() -> dict[str, list[str]]:
+    return {"clef:27b": ["decision", "vision"], "gpt-oss:120b": ["completion", "tools", "thinking"]}
 
 
-def default_library() -> dict[str, list[str]]:
-    """Models that `/api/pull` can fetch, with the capabilities they come with."""
-    return {
-        **default_models(),
-        "nimble-v3": ["decision"],
-        "tev1": ["decision"],
-        "clef-flash": ["decision", "vision"],
-        "qwen3:0.6b": ["completion", "tools", "thinking"],
-        "nomic-embed-text": ["embedding"],
-    }
-
-
-@dataclass
-class OllamaState:
-    """Everything the Ollama emulator serves; mutate it from tests at run time."""
-
-    version: str = "0.35.0"
-    models: dict[str, list[str]] = field(default_factory=default_models)
-    faults: Faults = field(default_factory=Faults)
-    requests: list[RecordedRequest] = field(default_factory=list)
-    required_bearer: str | None = None  # Ollama Cloud stand-in: 401 without it
-    library: dict[str, list[str]] = field(default_factory=default_library)
-    text_limit: int = 65536  # bytes of request text (body without media), else 413
-    body_limit: int = 32 * 1024 * 1024  # bytes of body, else 413
-
-    def find_model(self, name: str) -> str | None:
-        """The key in `models` for `name` ("nimble" and "nimble:latest" are one model)."""
-        wanted = canonical_name(name)
-        for key in self.models:
-            if canonical_name(key) == wanted:
-                return key
-        return None
-
-
-STATE_KEY = web.AppKey("ollama_state", OllamaState)
-
-
-def canonical_name(name: str) -> str:
-    """Ollama's short name with its tag: "nimble" -> "nimble:latest"."""
-    name = name.strip()
-    last = name.rsplit("/", 1)[-1]
-    return name if ":" in last else f"{name}:latest"
-
-
-def error(status: int, message: str) -> web.Response:
-    return json_response({"error": message}, status=status)
-
-
-def go_404() -> web.Response:
-    return web.Response(status=404, body=GO_404_BODY, headers={"Content-Type": GO_404_CONTENT_TYPE})
+def ollama_cloud_state(api_key: str) -> OllamaState:
+    """An Ollama Cloud stand-in: every path wants `Authorization: Bearer <api_key>`,
+    and `/api/pull` fetches nothing beyond the models already served."""
+    return OllamaState(
+        version=CLOUD_VERSION,
+        models=cloud_models(),
+        required_bearer=api_key,
+        library=cloud_models(),
+    )
 
 
 # -- model metadata ----------------------------------------------------------
-
-
-def _digest(name: str) -> str:
-    return hashlib.sha256(canonical_name(name).encode()).hexdigest()
 
 
 def model_details(name: str) -> dict[str, Any]:
@@ -119,7 +95,7 @@ def model_details(name: str) -> dict[str, Any]:
     if tag_size:
         size = f"{tag_size.group(1)}{tag_size.group(2).upper()}"
     else:
-        size = ["270M", "1.2B", "3.2B", "4.3B", "8.0B"][int(_digest(name)[:2], 16) % 5]
+        size = ["270M", "1.2B", "3.2B", "4.3B", "8.0B"][int(model_digest(name)[:2], 16) % 5]
     return {
         "parent_model": "",
         "format": "gguf",
@@ -132,12 +108,12 @@ def model_details(name: str) -> dict[str, Any]:
 
 def tag_entry(name: str) -> dict[str, Any]:
     full = canonical_name(name)
-    digest = _digest(name)
+    digest = model_digest(name)
     return {
         "name": full,
         "model": full,
         "modified_at": MODIFIED_AT,
-        "size": 500_000_000 + int(digest[:6], 16) * 100,
+        "size": model_size(name),
         "digest": digest,
         "details": model_details(name),
     }
@@ -152,14 +128,14 @@ def show_body(name: str, capabilities: list[str]) -> dict[str, Any]:
             '# Modelfile generated by "ollama show"\n'
             "# To build a new Modelfile based on this, replace FROM with:\n"
             f"# FROM {canonical_name(name)}\n\n"
-            f"FROM /root/.ollama/models/blobs/sha256-{_digest(name)}\n"
+            f"FROM /root/.ollama/models/blobs/sha256-{model_digest(name)}\n"
         ),
         "parameters": "",
         "template": "{{ .Prompt }}",
         "details": details,
         "model_info": {
             "general.architecture": family,
-            "general.parameter_count": 1_000_000_000 + int(_digest(name)[:5], 16),
+            "general.parameter_count": 1_000_000_000 + int(model_digest(name)[:5], 16),
             f"{family}.context_length": 32768,
         },
         "capabilities": list(capabilities),
@@ -260,36 +236,6 @@ async def handle_show(request: web.Request) -> web.Response:
     return json_response(show_body(key, state.models[key]))
 
 
-async def handle_pull(request: web.Request) -> web.StreamResponse:
-    state = request.app[STATE_KEY]
-    payload = await _payload(request)
-    name = payload.get("model") or payload.get("name")
-    if not isinstance(name, str) or not name:
-        return error(400, "model is required")
-    found = next((k for k in state.library if canonical_name(k) == canonical_name(name)), None)
-    if found is None:
-        return error(500, "pull model manifest: file does not exist")
-    if state.find_model(name) is None:
-        state.models[name] = list(state.library[found])
-    if payload.get("stream") is False:
-        return json_response({"status": "success"})
-    digest = _digest(name)
-    lines = [
-        {"status": "pulling manifest"},
-        {
-            "status": f"pulling {digest[:12]}",
-            "digest": f"sha256:{digest}",
-            "total": 1000,
-            "completed": 1000,
-        },
-        {"status": "verifying sha256 digest"},
-        {"status": "writing manifest"},
-        {"status": "success"},
-    ]
-    body = b"".join(orjson.dumps(line) + b"\n" for line in lines)
-    return web.Response(body=body, headers={"Content-Type": "application/x-ndjson"})
-
-
 async def handle_delete(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     payload = await _payload(request)
@@ -340,6 +286,7 @@ def make_ollama_app(state: OllamaState | None = None) -> web.Application:
     app.router.add_post("/api/pull", handle_pull)
     app.router.add_delete("/api/delete", handle_delete)
     app.router.add_post("/v1/systemone", handle_systemone)
+    add_chat_routes(app)
     return app
 
 

@@ -1,4 +1,9 @@
-"""A vLLM emulator: `/version`, `/health`, `/v1/models`, `/v1/systemone`.
+"""A vLLM emulator: `/version`, `/health`, `/v1/models`, `/v1/systemone`, and
+`/v1/chat/completions` and `/v1/embeddings` (`vllm_openai`).
+
+A model's `task` option says what it serves: "generate" (chat and decisions)
+or "embed" (embeddings only; decisions are a 501 as for a model without a
+read strategy, chat a 400).
 
 Errors follow vLLM's OpenAI-style shape
 `{"error": {"message", "type", "param", "code"}}`; routes it does not have
@@ -10,16 +15,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from .answers import QUESTION_TYPES, count_tokens, question_tokens, text_of, usage, vllm_answer
-from .faults import Faults, respond
+from .faults import respond
 from .recording import (
     CLIENT_MAX_SIZE,
-    RecordedRequest,
     bearer_token,
     is_missing,
     json_response,
@@ -27,69 +30,32 @@ from .recording import (
     recording_middleware,
 )
 from .server import serve_forever
+from .vllm_openai import add_openai_routes
+from .vllm_state import (
+    JSON,
+    STATE_KEY,
+    VllmError,
+    VllmState,
+    default_model_options,
+    default_vllm_models,
+    error_response,
+)
+
+__all__ = [
+    "VllmError",
+    "VllmState",
+    "default_model_options",
+    "default_vllm_models",
+    "error_response",
+    "make_vllm_app",
+    "run_vllm_emulator",
+]
 
 MAX_QUESTIONS = 64
 SCORE_LEVELS = (2, 10)
 QUESTION_FIELDS = frozenset({"type", "instructions", "criteria"})
 MEDIA_KEYS = ("images", "audio", "videos")
 GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
-JSON = "application/json"
-
-
-def default_model_options() -> dict[str, Any]:
-    """Options of one served model; any key may be left out of `VllmState.models`."""
-    return {
-        "read_strategy": True,  # False: /v1/systemone answers 501
-        "max_model_len": 4096,  # a read longer than this is a 400
-        "max_options": 26,  # labels A-Z
-        "instructions": True,  # False: question instructions are a 400 (fixed-prompt models)
-        "media": [],  # which of "images", "audio", "videos" the model takes
-        "root": None,  # model path shown by /v1/models (default: the id)
-    }
-
-
-def default_vllm_models() -> dict[str, dict[str, Any]]:
-    return {"Qwen/Qwen3-0.6B": {"read_strategy": True, "max_model_len": 4096}}
-
-
-@dataclass
-class VllmState:
-    """Everything the vLLM emulator serves; mutate it from tests at run time."""
-
-    version: str = "0.11.0"
-    models: dict[str, dict[str, Any]] = field(default_factory=default_vllm_models)
-    faults: Faults = field(default_factory=Faults)
-    requests: list[RecordedRequest] = field(default_factory=list)
-    required_bearer: str | None = None  # vLLM --api-key
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def options(self, model_id: str) -> dict[str, Any]:
-        return {**default_model_options(), **self.models.get(model_id, {})}
-
-
-STATE_KEY = web.AppKey("vllm_state", VllmState)
-
-
-class VllmError(Exception):
-    def __init__(
-        self,
-        message: str,
-        status: int = 400,
-        err_type: str = "BadRequestError",
-        param: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message, self.status, self.err_type, self.param = message, status, err_type, param
-
-    def response(self) -> web.Response:
-        return error_response(self.message, self.status, self.err_type, self.param)
-
-
-def error_response(
-    message: str, status: int = 400, err_type: str = "BadRequestError", param: str | None = None
-) -> web.Response:
-    body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
-    return json_response(body, status=status, content_type=JSON)
 
 
 def _kind(value: Any) -> str:
@@ -243,7 +209,7 @@ def decide(state: VllmState, body: bytes) -> web.Response:
                 f"The model `{model}` does not exist.", 404, "NotFoundError", param="model"
             )
         opts = state.options(model)
-        if not opts["read_strategy"]:
+        if not opts["read_strategy"] or opts["task"] == "embed":
             raise VllmError(
                 f"Model `{model}` has no read strategy for structured decisions.",
                 501,
@@ -354,6 +320,7 @@ def make_vllm_app(state: VllmState | None = None) -> web.Application:
     app.router.add_get("/health", handle_health, allow_head=False)
     app.router.add_get("/v1/models", handle_models, allow_head=False)
     app.router.add_post("/v1/systemone", handle_systemone)
+    add_openai_routes(app)
     return app
 
 

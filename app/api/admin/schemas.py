@@ -38,7 +38,29 @@ class KeyRotate(_Strict):
 
 class ServiceCreate(_Strict):
     type: str
-    url: str = Field(min_length=1, max_length=2000)
+    url: str | None = Field(None, min_length=1, max_length=2000)
     name: str | None = Field(None, min_length=1, max_length=200)
     api_key: str | None = Field(None, min_length=1, max_length=4096)
     text_limit: int | None = Field(None, gt=0)
+    timeout: float | None = Field(None, gt=0, le=3600)
+    context_length: int | None = Field(None, ge=256, le=1 << 21)
+
+
+class ServiceUpdate(_Strict):
+    url: str | None = Field(None, min_length=1, max_length=2000)
+    api_key: str | None = Field(None, min_length=1, max_length=4096)
+    text_limit: int | None = Field(None, gt=0)
+    timeout: float | None = Field(None, gt=0, le=3600)
+    context_length: int | None = Field(None, ge=256, le=1 << 21)
+    version_override: str | None = Field(None, min_length=1, max_length=100)
+
+
+class ModelInstallRequest(_Strict):
+    model: str = Field(min_length=1, max_length=200)
+    capabilities: list[str] | None = None
+    public_name: str | None = Field(None, min_length=1, max_length=200)
+
+
+class ModelUpdate(_Strict):
+    public_name: str | None = Field(None, min_length=1, max_length=200)
+    timeout: float | None = Field(None, gt=0, le=3600)

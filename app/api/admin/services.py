@@ -7,33 +7,51 @@ from typing import Any
 from fastapi import APIRouter
 from sqlalchemy.orm import Session
 
-from app.api.admin.schemas import ServiceCreate
+from app.api.admin.schemas import ServiceCreate, ServiceUpdate
 from app.api.deps import AdminDep, AdminRoute, ComponentsDep
 from app.services import service as services
+from app.services import sync
 
 router = APIRouter(prefix="/admin", route_class=AdminRoute)
 
 
 @router.get("/services")
 async def list_services(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
-    return {"data": await c.in_session(lambda s: [services.service_view(x) for x in services.list_services(s)])}
+    views = await c.in_session(lambda s: [services.service_view(x) for x in services.list_services(s)])
+    return {"data": [with_backoffs(v, c) for v in views]}
 
 
 @router.post("/services", status_code=201)
 async def add_service(body: ServiceCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> dict[str, Any]:
         service = services.add_service(s, c.settings, actor, type=body.type, url=body.url, name=body.name,
-                                       credential=body.api_key, text_limit=body.text_limit)
+                                       credential=body.api_key, text_limit=body.text_limit,
+                                       timeout=body.timeout, context_length=body.context_length)
         return {**services.service_view(service),
                 "models": [services.model_view(m, service) for m in services.service_models(s, service)]}
     view = await c.in_session(work)
     await c.registry.reload()
-    return view
+    return with_backoffs(view, c)
 
 
 @router.get("/services/{name}")
 async def get_service(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
-    return await c.in_session(lambda s: services.service_view(services.get_service(s, name)))
+    return with_backoffs(await c.in_session(lambda s: services.service_view(services.get_service(s, name))), c)
+
+
+@router.patch("/services/{name}")
+async def update_service(name: str, body: ServiceUpdate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    changes = body.model_dump(exclude_unset=True)
+    view = await c.in_session(lambda s: services.service_view(
+        services.update_service(s, c.settings, name, actor, changes)))
+    await c.registry.reload()
+    return with_backoffs(view, c)
+
+
+def with_backoffs(view: dict[str, Any], c: Any) -> dict[str, Any]:
+    """A service's status with its replicas that sit out a back-off right now."""
+    view["backed_off"] = [b for b in c.router.backed_off() if b["service_id"] == view["id"]]
+    return view
 
 
 @router.delete("/services/{name}", status_code=204)
@@ -46,7 +64,7 @@ async def remove_service(name: str, actor: AdminDep, c: ComponentsDep) -> None:
 async def refresh_service(name: str, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> dict[str, Any]:
         service = services.get_service(s, name)
-        services.sync_service(s, c.settings, service, actor=actor)
+        sync.sync_service(s, c.settings, service, actor=actor)
         return services.service_view(service)
     view = await c.in_session(work)
     await c.registry.reload()

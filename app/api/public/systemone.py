@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import logging
 
-from app.api.asgi import Receive, Scope, Send, header_map, send_bytes, send_error
+from app.api.asgi import Receive, Scope, Send, send_bytes, send_error
+from app.api.public.intake import take
 from app.decisions import jsonbody, schema
-from app.decisions.body import ClientGone, check_length, content_encoding, read_body
 from app.decisions.forward import Forwarder
 from app.errors import ArbiterError
 from app.settings import Settings
@@ -17,10 +17,6 @@ from app.tenancy.keycache import KeyCache
 from app.tenancy.touches import KeyTouches
 
 log = logging.getLogger("arbiter.decisions")
-
-_HEADERS = frozenset({b"authorization", b"content-length", b"content-encoding", b"traceparent",
-                      b"tracestate"})
-_PROPAGATED = ("traceparent", "tracestate")
 
 
 class SystemOneRoute:
@@ -32,28 +28,14 @@ class SystemOneRoute:
         self.max_body = settings.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = header_map(scope, _HEADERS)
-        # Before the body is read: answer and close, so the unread body is not parsed as a request.
-        try:
-            principal = await self.keys.authenticate(headers.get("authorization"), "project")
-            encoding = content_encoding(headers.get("content-encoding"))
-            check_length(headers.get("content-length"), self.max_body)
-        except ArbiterError as error:
-            await send_error(send, error, close=True)
+        intake = await take(scope, receive, send, self.keys, self.max_body)
+        if intake is None:
             return
         try:
-            raw = await read_body(receive, encoding, self.max_body)
-        except ClientGone:
-            return
-        except ArbiterError as error:
-            await send_error(send, error, close=True)
-            return
-        forward_headers = {name: headers[name] for name in _PROPAGATED if name in headers}
-        forward_headers["X-Request-Id"] = scope["state"]["request_id"]
-        try:
-            body = jsonbody.loads(raw)
+            body = jsonbody.loads(intake.raw)
             request = schema.validate(body)
-            outcome = await self.forwarder.decide(principal, body, request, len(raw), forward_headers)
+            outcome = await self.forwarder.decide(intake.principal, body, request, len(intake.raw),
+                                                  intake.forward_headers)
         except ArbiterError as error:
             await send_error(send, error)
             return
@@ -62,4 +44,4 @@ class SystemOneRoute:
             await send_error(send, ArbiterError("internal error; the request id is in X-Request-Id"))
             return
         await send_bytes(send, outcome.status, outcome.body, outcome.content_type)
-        self.touches.touch(principal.key_id)
+        self.touches.touch(intake.principal.key_id)

@@ -178,7 +178,7 @@ def test_an_old_ollama_is_added_without_its_decision_models_until_updated(
         assert refreshed["version"] == "0.35.1" and refreshed["decisions_supported"] is True
         assert refreshed["skipped_models"] == []
         listed = body(admin.get("/admin/services/old/models"), 200)["data"]
-    assert {m["public_name"]: m["capabilities"] for m in listed} == {"llama3.2": ["completion"],
+    assert {m["public_name"]: m["capabilities"] for m in listed} == {"llama3.2": ["completion", "tools"],
                                                                      "tev1": ["decision"]}
     assert "tev1" in public_models(stack)
     assert decide(stack, "tev1").status_code == 200

@@ -8,7 +8,12 @@ from typing import Any
 import httpx
 import pytest
 
-from infra_adapters.emulators.ollama import OllamaState, default_models, make_ollama_app
+from infra_adapters.emulators.ollama import (
+    OllamaState,
+    default_library,
+    default_models,
+    make_ollama_app,
+)
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState, default_vllm_models, make_vllm_app
 
@@ -94,7 +99,12 @@ def vllm_client(
 def _reset_ollama(state: OllamaState) -> None:
     state.version = "0.35.0"
     state.models = default_models()
+    state.library = default_library()
     state.required_bearer = None
+    state.pull_seconds = 0.3
+    state.pull_errors = {}
+    state.pulling.clear()
+    state.stream_delay = 0.0
     state.faults.reset()
     state.requests.clear()
 
@@ -103,5 +113,6 @@ def _reset_vllm(state: VllmState) -> None:
     state.version = "0.11.0"
     state.models = default_vllm_models()
     state.required_bearer = None
+    state.stream_delay = 0.0
     state.faults.reset()
     state.requests.clear()

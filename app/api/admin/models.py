@@ -1,0 +1,73 @@
+"""Admin routes for the catalog, installs, model cards and their Test action."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
+
+from app.api.admin.schemas import ModelInstallRequest, ModelUpdate
+from app.api.deps import AdminDep, AdminRoute, ComponentsDep
+from app.services import catalog, testing
+from app.services import service as services
+
+router = APIRouter(prefix="/admin", route_class=AdminRoute)
+
+
+@router.get("/catalog")
+async def list_catalog(_actor: AdminDep) -> dict[str, Any]:
+    return {"data": [m.view() for m in catalog.entries()]}
+
+
+@router.post("/services/{name}/models", status_code=202)
+async def install_model(name: str, body: ModelInstallRequest, actor: AdminDep, c: ComponentsDep) -> JSONResponse:
+    """Install a catalog model, or a custom one with its capabilities. An Ollama pulls it (202 and an
+    install to follow); a vLLM or Ollama Cloud service registers it at once (201)."""
+    status, view = await c.installer.install(name, body.model_dump(exclude_none=True), actor)
+    return JSONResponse(view, status_code=status)
+
+
+@router.delete("/services/{name}/models/{model:path}", status_code=204)
+async def uninstall_model(name: str, model: str, actor: AdminDep, c: ComponentsDep) -> None:
+    await c.installer.uninstall(name, model, actor)
+
+
+@router.get("/installs")
+async def list_installs(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    return {"data": await c.installer.recent()}
+
+
+@router.get("/installs/{install_id}")
+async def get_install(install_id: int, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    return await c.installer.get(install_id)
+
+
+@router.post("/installs/{install_id}/cancel")
+async def cancel_install(install_id: int, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    return await c.installer.cancel(install_id, actor)
+
+
+@router.get("/models/{model_id}")
+async def get_model(model_id: int, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    return await c.in_session(lambda s: services.model_view(*services.get_model(s, model_id)))
+
+
+@router.patch("/models/{model_id}")
+async def update_model(model_id: int, body: ModelUpdate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    changes = body.model_dump(exclude_unset=True)
+    view = await c.in_session(lambda s: services.model_view(*services.update_model(s, model_id, actor, changes)))
+    await c.registry.reload()
+    return view
+
+
+@router.post("/models/{model_id}/test")
+async def test_model(model_id: int, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    def card(s: Session) -> tuple[str, int, list[str]]:
+        model, service = services.get_model(s, model_id)
+        return model.public_name, service.id, list(model.capabilities)
+
+    public_name, service_id, capabilities = await c.in_session(card)
+    return await testing.run(c.forwarder, c.chat, public_name=public_name, service_id=service_id,
+                             capabilities=capabilities, request_id=actor.request_id)

@@ -1,0 +1,64 @@
+"""POST /v1/chat/completions and POST /api/chat: forwarded to models with `completion`,
+streaming passed through chunk by chunk as it arrives (lean ASGI, like /v1/systemone)."""
+
+from __future__ import annotations
+
+import logging
+
+from app.api.asgi import Receive, Scope, Send, send_bytes, send_error
+from app.api.public.intake import take
+from app.chat.forward import ChatForwarder
+from app.decisions import jsonbody
+from app.errors import ArbiterError
+from app.settings import Settings
+from app.tenancy.keycache import KeyCache
+from app.tenancy.touches import KeyTouches
+from infra_adapters.base import BackendError
+
+log = logging.getLogger("arbiter.chat")
+PATHS = {"/v1/chat/completions": "openai-chat", "/api/chat": "ollama-chat"}
+
+
+class ChatRoute:
+    def __init__(self, keys: KeyCache, forwarder: ChatForwarder, touches: KeyTouches, settings: Settings) -> None:
+        self.keys = keys
+        self.forwarder = forwarder
+        self.touches = touches
+        self.max_body = settings.max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        api = PATHS[scope["path"]]
+        intake = await take(scope, receive, send, self.keys, self.max_body)
+        if intake is None:
+            return
+        try:
+            body = jsonbody.loads(intake.raw)
+            replicas = self.forwarder.check(intake.principal, body, api)
+            answer = await self.forwarder.open(replicas, body, api, intake.forward_headers)
+        except ArbiterError as error:
+            await send_error(send, error)
+            return
+        self.touches.touch(intake.principal.key_id)
+        try:
+            if answer.is_json or answer.status != 200:
+                try:
+                    payload = await answer.whole(body["model"])
+                except BackendError:
+                    await send_error(send, ArbiterError("the backend broke the connection"))
+                    return
+                await send_bytes(send, answer.status, payload, answer.content_type)
+                return
+            await send({"type": "http.response.start", "status": answer.status,
+                        "headers": [(b"content-type", answer.content_type.encode("latin-1")),
+                                    (b"cache-control", b"no-cache")]})
+            try:
+                async for chunk in answer.stream.chunks():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except BackendError as exc:
+                # Bytes are out already: the status cannot change. End without the final chunk,
+                # so the client sees a broken stream rather than a complete one.
+                log.warning("chat stream from %s broke: %s", answer.replica.service_name, exc)
+                return
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await answer.close()

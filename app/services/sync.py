@@ -1,0 +1,154 @@
+"""Reading a backend (version, models) and registering what it serves, with version gating."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app import audit
+from app.db.models import Model, Service, utcnow
+from app.db.session import Database
+from app.services import catalog, versions
+from app.services.backends import make_backend
+from app.services.credentials import CredentialBox, CredentialUnavailable
+from app.settings import Settings
+from app.tenancy.service import Actor
+from infra_adapters.base import Backend, BackendError, RemoteModel
+from infra_adapters.ollama import public_name
+
+log = logging.getLogger("arbiter.sync")
+OLLAMA_TYPES = ("ollama", "ollama-external")
+
+
+def backend_for(service: Service, settings: Settings) -> Backend:
+    credential = CredentialBox.from_settings(settings).open(service.credential)
+    return make_backend(service.type, service.url, credential, settings)
+
+
+def gated(service: Service) -> bool:
+    """True when this service's Ollama is too old for decision models."""
+    return service.type in OLLAMA_TYPES and not versions.supports_decisions(effective_version(service))
+
+
+def effective_version(service: Service) -> str | None:
+    return service.version_override or service.version
+
+
+def public(service_type: str, backend_name: str) -> str:
+    return public_name(backend_name) if service_type != "vllm" else backend_name
+
+
+def read(session: Session, settings: Settings, service: Service) -> list[RemoteModel]:
+    """Read the version and the models; raises BackendError (the caller decides what that means)."""
+    try:
+        backend = backend_for(service, settings)
+    except CredentialUnavailable as exc:
+        raise BackendError(str(exc)) from exc
+    service.version = backend.read_version()
+    models = backend.list_models()
+    service.reachable = True
+    service.last_error = None
+    service.last_sync_at = utcnow()
+    return models
+
+
+def sync_service(session: Session, settings: Settings, service: Service, actor: Actor | None = None) -> None:
+    """Re-read a service's version and models; errors land in its status, not in an exception.
+    With an ``actor`` (an admin pressed Refresh) the refresh and its outcome are audited."""
+    before = _names(session, service)
+    try:
+        remote = read(session, settings, service)
+    except BackendError as exc:
+        service.reachable = False
+        service.last_error = str(exc)
+    else:
+        register(session, service, remote)
+    if actor is not None:
+        session.flush()
+        after = _names(session, service)
+        audit.record(session, actor=actor.name, action="service.refresh", target=f"service:{service.name}",
+                     request_id=actor.request_id,
+                     details={"version": service.version, "reachable": service.reachable,
+                              "added": sorted(set(after) - set(before)),
+                              "removed": sorted(set(before) - set(after))})
+
+
+def _names(session: Session, service: Service) -> list[str]:
+    return sorted(session.scalars(select(Model.backend_name).where(Model.service_id == service.id)))
+
+
+def capabilities_of(service_type: str, model: RemoteModel) -> list[str]:
+    """What the backend says, plus what the catalog says of the model (SPEC §4)."""
+    caps = set(model.capabilities)
+    entry = catalog.find(model.name)
+    if entry is not None and service_type in entry.services:
+        caps |= set(entry.capabilities)
+    return sorted(caps)
+
+
+def register(session: Session, service: Service, remote: list[RemoteModel]) -> None:
+    """Make the service's model rows match what it serves. Custom rows are the admin's: kept."""
+    version = effective_version(service)
+    too_old = gated(service)
+    skipped: list[dict[str, str]] = []
+    wanted: dict[str, list[str]] = {}
+    for model in remote:
+        caps = capabilities_of(service.type, model)
+        if too_old and "decision" in caps:
+            skipped.append({"model": public(service.type, model.name), "backend_name": model.name,
+                            "reason": versions.gate_message(version)})
+            continue
+        wanted[model.name] = caps
+    rows = {m.backend_name: m for m in session.scalars(select(Model).where(Model.service_id == service.id))}
+    for backend_name, row in rows.items():
+        if row.source == "custom":
+            if too_old and "decision" in row.capabilities:
+                skipped.append({"model": row.public_name, "backend_name": backend_name,
+                                "reason": versions.gate_message(version)})
+                session.delete(row)
+            continue
+        if backend_name not in wanted:
+            session.delete(row)
+    for backend_name, caps in wanted.items():
+        known = rows.get(backend_name)
+        if known is None:
+            session.add(Model(service_id=service.id, backend_name=backend_name,
+                              public_name=public(service.type, backend_name), capabilities=caps, source="sync"))
+        elif known.source != "custom":
+            known.capabilities = caps
+    service.skipped_models = skipped
+
+
+class SyncLoop:
+    """Reads every service at start-up and then on a schedule (versions and models)."""
+
+    def __init__(self, database: Database, settings: Settings, on_change: Callable[[], Any]) -> None:
+        self._database = database
+        self._settings = settings
+        self._on_change = on_change
+
+    def sync_all(self) -> None:
+        with self._database.session() as session:
+            ids = list(session.scalars(select(Service.id)))
+        for service_id in ids:
+            try:
+                with self._database.session() as session:
+                    service = session.get(Service, service_id)
+                    if service is not None:
+                        sync_service(session, self._settings, service)
+            except Exception:  # one broken service must not stop the others' sync
+                log.exception("scheduled sync of service %s failed", service_id)
+
+    async def run(self, interval: float) -> None:
+        while True:
+            try:
+                await asyncio.to_thread(self.sync_all)
+                await self._on_change()
+            except Exception:  # the database may be away: try again next time
+                log.exception("scheduled sync failed")
+            await asyncio.sleep(interval)

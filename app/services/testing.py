@@ -1,0 +1,91 @@
+"""The Test action of a model card: one request through the same forwarding path tenants use,
+pinned to that card's service, billed to no project (its project label is `_test`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from app.chat.forward import ChatForwarder
+from app.decisions import jsonbody
+from app.decisions.forward import Forwarder
+from app.decisions.schema import DecisionRequest
+from app.errors import ArbiterError
+from app.services.catalog import model_kind
+from app.tenancy.principal import Principal
+
+TEST_PROJECT = "_test"
+TEST_PRINCIPAL = Principal(key_id=0, kind="project", key_prefix="", project_id=None, project_name=TEST_PROJECT,
+                           allowed_models=None, archived=False, expires_at=None, revoked_at=None)
+OPTIONS = {"billing": "payments, refunds and charges", "shipping": "deliveries and parcels",
+           "security": "account access and passwords"}
+
+
+def decision_body(model: str) -> dict[str, Any]:
+    return {"model": model, "state": "A customer writes: 'My card was charged twice for one order.'",
+            "questions": {"test": {"type": "choice", "instructions": "Which team should handle this ticket?",
+                                   "criteria": dict(OPTIONS)}}}
+
+
+async def run(forwarder: Forwarder, chat: ChatForwarder, *, public_name: str, service_id: int,
+              capabilities: list[str], request_id: str | None = None) -> dict[str, Any]:
+    kind = model_kind(capabilities)
+    headers = {"X-Request-Id": request_id} if request_id else {}
+    started = time.perf_counter()
+    try:
+        if kind == "decision":
+            result = await _decision(forwarder, public_name, service_id, headers)
+        elif kind in ("completion", "embedding"):
+            result = await _other(chat, kind, public_name, service_id, headers)
+        else:
+            result = {"ok": False, "status": None, "error": "this model has no capability that can be tested"}
+    except ArbiterError as error:
+        result = {"ok": False, "status": error.status, "error": error.message}
+    return {"kind": kind, "model": public_name, "latency_ms": round((time.perf_counter() - started) * 1000, 1),
+            **result}
+
+
+async def _decision(forwarder: Forwarder, model: str, service_id: int, headers: dict[str, str]) -> dict[str, Any]:
+    body = decision_body(model)
+    outcome = await forwarder.decide(TEST_PRINCIPAL, body, DecisionRequest(model, (), False),
+                                     len(jsonbody.dumps(body)), headers, only=service_id)
+    if outcome.status != 200:
+        return _failed(outcome.status, outcome.body)
+    answer = orjson.loads(outcome.body).get("answers", {}).get("test", {})
+    return {"ok": True, "status": 200, "question": body["questions"]["test"]["instructions"],
+            "choice": answer.get("choice"), "probabilities": answer.get("probabilities"),
+            "confidence": answer.get("confidence")}
+
+
+async def _other(chat: ChatForwarder, kind: str, model: str, service_id: int,
+                 headers: dict[str, str]) -> dict[str, Any]:
+    if kind == "completion":
+        api = "openai-chat"
+        body: dict[str, Any] = {"model": model, "stream": False, "max_tokens": 32,
+                                "messages": [{"role": "user", "content": "Say hello in one short sentence."}]}
+    else:
+        api, body = "embed", {"model": model, "input": "Arbiter model test"}
+    replicas = [r for r in chat.check(None, body, api) if r.service_id == service_id]
+    if not replicas:
+        return {"ok": False, "status": 404, "error": "that service does not serve this model"}
+    answer = await chat.open(replicas, body, api, headers)
+    try:
+        payload = await answer.whole(model)
+    finally:
+        await answer.close()
+    if answer.status != 200:
+        return _failed(answer.status, payload)
+    data = orjson.loads(payload)
+    if kind == "completion":
+        reply = (data.get("choices") or [{}])[0].get("message", {}).get("content")
+        return {"ok": True, "status": 200, "prompt": body["messages"][0]["content"], "reply": reply}
+    vectors = data.get("embeddings") or [item.get("embedding") for item in data.get("data", [])]
+    first = vectors[0] if vectors else []
+    return {"ok": True, "status": 200, "dimensions": len(first or []), "head": (first or [])[:4]}
+
+
+def _failed(status: int, body: bytes) -> dict[str, Any]:
+    """The backend's error as it came (as text, for the card)."""
+    return {"ok": False, "status": status, "error": body.decode("utf-8", "replace")[:2000]}

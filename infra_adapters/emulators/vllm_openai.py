@@ -1,0 +1,106 @@
+"""vLLM's OpenAI-compatible `/v1/chat/completions` and `/v1/embeddings`.
+
+A model's `task` option decides which it serves: "generate" models chat (SSE
+when `"stream": true`, paced by `VllmState.stream_delay`), "embed" models give
+embeddings; the other endpoint is a 400 worded as vLLM words it. Both go
+through `faults.respond`; errors have vLLM's `{"error": {..., "code": status}}`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from .answers import count_tokens
+from .faults import respond
+from .generation import prompt_tokens
+from .openai_compat import (
+    SSE_CONTENT_TYPE,
+    Problem,
+    chat_request,
+    completion_body,
+    completion_events,
+    embeddings_body,
+    embeddings_request,
+    read_payload,
+)
+from .recording import json_response
+from .streaming import stream_events
+from .vllm_state import JSON, STATE_KEY, VllmError, VllmState
+
+UNSUPPORTED = {
+    "generate": "The model does not support Chat Completions API",
+    "embed": "The model does not support Embeddings API",
+}
+
+
+def resolve_model(state: VllmState, model: str | None, task: str) -> str:
+    """The served model a request names (the first one when it names none)."""
+    name = model if model is not None else next(iter(state.models), "")
+    if name not in state.models:
+        raise VllmError(f"The model `{name}` does not exist.", 404, "NotFoundError", param="model")
+    if state.options(name)["task"] != task:
+        raise VllmError(UNSUPPORTED[task])
+    return name
+
+
+def _too_long(limit: int, tokens: int, what: str) -> VllmError:
+    return VllmError(
+        f"This model's maximum context length is {limit} tokens. However, your request has "
+        f"{tokens} input tokens. Please reduce the length of the {what}."
+    )
+
+
+async def chat(request: web.Request, state: VllmState) -> web.StreamResponse:
+    try:
+        chat_req = chat_request(read_payload(await request.read()))
+        model = resolve_model(state, chat_req.model, "generate")
+        limit = int(state.options(model)["max_model_len"])
+        tokens = prompt_tokens(chat_req.messages)
+        if tokens + 1 > limit:
+            raise _too_long(limit, tokens, "input messages")
+    except Problem as exc:
+        return VllmError(exc.message, exc.status, param=exc.param).response()
+    except VllmError as exc:
+        return exc.response()
+    if not chat_req.stream:
+        return json_response(completion_body("vllm", model, chat_req), content_type=JSON)
+    return await stream_events(
+        request,
+        completion_events("vllm", model, chat_req),
+        content_type=SSE_CONTENT_TYPE["vllm"],
+        delay=state.stream_delay,
+        faults=state.faults,
+    )
+
+
+async def embeddings(request: web.Request, state: VllmState) -> web.StreamResponse:
+    try:
+        emb_req = embeddings_request(read_payload(await request.read()))
+        model = resolve_model(state, emb_req.model, "embed")
+        limit = int(state.options(model)["max_model_len"])
+        longest = max(count_tokens(text) for text in emb_req.texts)
+        if longest > limit:
+            raise _too_long(limit, longest, "input")
+    except Problem as exc:
+        return VllmError(exc.message, exc.status, param=exc.param).response()
+    except VllmError as exc:
+        return exc.response()
+    return json_response(embeddings_body("vllm", model, emb_req), content_type=JSON)
+
+
+Work = Callable[[web.Request, VllmState], Awaitable[web.StreamResponse]]
+
+
+def _route(work: Work) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        state = request.app[STATE_KEY]
+        return await respond(request, state.faults, lambda: work(request, state))
+
+    return handler
+
+
+def add_openai_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", _route(chat))
+    app.router.add_post("/v1/embeddings", _route(embeddings))

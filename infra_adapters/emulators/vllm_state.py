@@ -1,0 +1,72 @@
+"""What the vLLM emulator serves (`VllmState`) and its OpenAI-style errors."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from .faults import Faults
+from .recording import RecordedRequest, json_response
+
+JSON = "application/json"
+
+
+def default_model_options() -> dict[str, Any]:
+    """Options of one served model; any key may be left out of `VllmState.models`."""
+    return {
+        "read_strategy": True,  # False: /v1/systemone answers 501
+        "max_model_len": 4096,  # a read longer than this is a 400
+        "max_options": 26,  # labels A-Z
+        "instructions": True,  # False: question instructions are a 400 (fixed-prompt models)
+        "media": [],  # which of "images", "audio", "videos" the model takes
+        "root": None,  # model path shown by /v1/models (default: the id)
+        "task": "generate",  # "generate": chat + decisions; "embed": embeddings only
+    }
+
+
+def default_vllm_models() -> dict[str, dict[str, Any]]:
+    return {"Qwen/Qwen3-0.6B": {"read_strategy": True, "max_model_len": 4096}}
+
+
+@dataclass
+class VllmState:
+    """Everything the vLLM emulator serves; mutate it from tests at run time."""
+
+    version: str = "0.11.0"
+    models: dict[str, dict[str, Any]] = field(default_factory=default_vllm_models)
+    faults: Faults = field(default_factory=Faults)
+    requests: list[RecordedRequest] = field(default_factory=list)
+    required_bearer: str | None = None  # vLLM --api-key
+    created: int = field(default_factory=lambda: int(time.time()))
+    stream_delay: float = 0.0  # seconds between streamed chat chunks
+
+    def options(self, model_id: str) -> dict[str, Any]:
+        return {**default_model_options(), **self.models.get(model_id, {})}
+
+
+STATE_KEY = web.AppKey("vllm_state", VllmState)
+
+
+class VllmError(Exception):
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        err_type: str = "BadRequestError",
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message, self.status, self.err_type, self.param = message, status, err_type, param
+
+    def response(self) -> web.Response:
+        return error_response(self.message, self.status, self.err_type, self.param)
+
+
+def error_response(
+    message: str, status: int = 400, err_type: str = "BadRequestError", param: str | None = None
+) -> web.Response:
+    body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    return json_response(body, status=status, content_type=JSON)
