@@ -15,7 +15,6 @@ Commands that create a key print it alone on their last line of output.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -105,11 +104,11 @@ def _serve(args: argparse.Namespace) -> int:
     from app.components import Components
     from app.db.migrate import NotMigrated
     from app.server import serve
+    from app.telemetry.logs import configure as configure_logs
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = Settings(**overrides)
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format='{"level":"%(levelname)s","logger":"%(name)s","message":"%(message)s"}')
+    configure_logs(settings.log_level)
     check = Components(settings)
     try:
         check.prepare_database()

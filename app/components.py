@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from prometheus_client import start_http_server
 from sqlalchemy.orm import Session
 
 from app.chat.forward import ChatForwarder
@@ -19,6 +20,10 @@ from app.services.registry import Registry
 from app.services.routing import ReplicaRouter
 from app.services.sync import SyncLoop
 from app.settings import Settings
+from app.telemetry.metrics import Metrics
+from app.telemetry.observer import Observer
+from app.telemetry.tracing import Tracing, provider_from_environment
+from app.telemetry.usage import UsageLedger
 from app.tenancy import service as tenancy
 from app.tenancy.keycache import KeyCache
 from app.tenancy.keys import KeyHasher
@@ -29,19 +34,25 @@ T = TypeVar("T")
 
 
 class Components:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
         self.settings = settings
+        self.tracing = Tracing(tracer_provider if tracer_provider is not None else provider_from_environment(),
+                               state=settings.trace_state, state_max_bytes=settings.trace_state_max_bytes)
         self.database = Database(settings.database_url)
         self.hasher = KeyHasher(settings.key_pepper.get_secret_value() if settings.key_pepper else None)
         self.keys = KeyCache(self.hasher, self._load_principal, settings.key_cache_ttl)
         self.registry = Registry(self.database, settings)
         self.router = ReplicaRouter(settings.replica_backoff)
-        self.forwarder = Forwarder(self.registry, self.router, settings)
+        self.forwarder = Forwarder(self.registry, self.router, settings, self.tracing)
         self.chat = ChatForwarder(self.registry, self.router, settings)
         self.sync = SyncLoop(self.database, settings, self.registry.reload)
         self.installer = Installer(self.database, settings, self.registry.reload)
         self.touches = KeyTouches(self.database)
+        self.metrics = Metrics(project_label=settings.metrics_project_label)
+        self.ledger = UsageLedger(self.database)
+        self.observer = Observer(self.metrics, self.ledger, log_payloads=settings.log_payloads)
         self._tasks: list[asyncio.Task[None]] = []
+        self._metrics_server: Any = None
 
     def _load_principal(self, digest: str) -> Any:
         with self.database.session() as session:
@@ -60,10 +71,14 @@ class Components:
 
     async def start(self) -> None:
         await asyncio.to_thread(self.prepare_database)
+        if self.settings.metrics_port is not None:
+            self._metrics_server = start_http_server(self.settings.metrics_port, self.settings.metrics_host,
+                                                     registry=self.metrics.registry)
         await self.registry.reload()
         self._tasks = [
             asyncio.create_task(self.registry.run(self.settings.registry_refresh_interval)),
             asyncio.create_task(self.touches.run(self.settings.flush_interval)),
+            asyncio.create_task(self.ledger.run(self.settings.flush_interval)),
             # Versions and models are read at start-up (in the background: a slow backend must
             # not hold the gateway's start) and then on a schedule.
             asyncio.create_task(self.sync.run(self.settings.sync_interval)),
@@ -78,7 +93,15 @@ class Components:
         self._tasks = []
         await self.installer.aclose()
         await self.touches.flush()
+        await self.ledger.flush()
         await self.registry.aclose()
+        shutdown = getattr(self.tracing.provider, "shutdown", None)
+        if shutdown is not None:
+            await asyncio.to_thread(shutdown)  # export what is still buffered
+        if self._metrics_server is not None:
+            server, thread = self._metrics_server
+            server.shutdown()
+            thread.join(timeout=5)
         self.database.dispose()
 
     async def in_session(self, work: Callable[[Session], T]) -> T:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -16,29 +17,30 @@ from app.api import errors
 from app.api.admin import models as admin_models
 from app.api.admin import services as admin_services
 from app.api.admin import tenancy as admin_tenancy
+from app.api.admin import usage as admin_usage
 from app.api.asgi import ASGIApp, Receive, Scope, Send
 from app.api.middleware import build_stack
+from app.api.public import metrics as public_metrics
 from app.api.public import routes as public_routes
 from app.api.public.chat import PATHS as CHAT_PATHS
 from app.api.public.chat import ChatRoute
-from app.api.public.systemone import SystemOneRoute
+from app.api.public.systemone import DECISION_PATH, SystemOneRoute
 from app.components import Components
 from app.settings import Settings
-
-DECISION_PATH = "/v1/systemone"
 
 
 class Arbiter:
     """The ASGI application. ``components`` and ``fastapi`` are there for tests and tools."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
         self.settings = settings
-        self.components = Components(settings)
+        self.components = Components(settings, tracer_provider)
         self.fastapi = _build_fastapi(self.components)
-        self.decisions = SystemOneRoute(self.components.keys, self.components.forwarder,
-                                        self.components.touches, settings)
-        self.chat = ChatRoute(self.components.keys, self.components.chat, self.components.touches, settings)
-        self._stack: ASGIApp = build_stack(self._route)
+        c = self.components
+        self.decisions = SystemOneRoute(c.keys, c.forwarder, c.touches, c.observer, c.tracing, settings)
+        self.chat = ChatRoute(c.keys, c.chat, c.touches, c.observer, settings)
+        self._stack: ASGIApp = build_stack(self._route, c.metrics, frozenset({DECISION_PATH, *CHAT_PATHS}),
+                                           c.tracing)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._stack(scope, receive, send)
@@ -73,9 +75,11 @@ def _build_fastapi(components: Components) -> FastAPI:
     app.state.components = components
     errors.install(app)
     app.include_router(public_routes.router)
+    app.include_router(public_metrics.router)
     app.include_router(admin_tenancy.router)
     app.include_router(admin_services.router)
     app.include_router(admin_models.router)
+    app.include_router(admin_usage.router)
 
     # POST on these paths is taken by the lean routes before FastAPI; declared here so that
     # other methods get FastAPI's 405 with Allow, and the routes appear in the OpenAPI schema.
@@ -90,5 +94,6 @@ async def _served_by_lean_route() -> None:  # pragma: no cover - POST never reac
     """Served by a lean ASGI route in front of FastAPI."""
 
 
-def create_app(settings: Settings | None = None) -> Arbiter:
-    return Arbiter(settings or Settings())
+def create_app(settings: Settings | None = None, *, tracer_provider: Any = None) -> Arbiter:
+    """A fresh app. ``tracer_provider`` overrides the one OTEL_* would configure (tests)."""
+    return Arbiter(settings or Settings(), tracer_provider)

@@ -69,8 +69,15 @@ class Settings(BaseSettings):
     # Background writes.
     flush_interval: float = Field(1.0, description="Seconds between batched writes.")
 
-    # Logs.
+    # Observability.
     log_level: str = Field("INFO", description="Log level of the JSON logs.")
+    log_payloads: bool = Field(False, description="Put request states in the logs (personal data!).")
+    metrics_token: SecretStr | None = Field(None, description="Bearer token that opens /metrics.")
+    metrics_port: int | None = Field(None, description="Serve /metrics on this port instead, unauthenticated.")
+    metrics_host: str = Field("127.0.0.1", description="Address of the separate metrics port.")
+    metrics_project_label: bool = Field(True, description="Label token metrics with the project's name.")
+    trace_state: bool = Field(True, description="Put the request's state on spans as body.state.")
+    trace_state_max_bytes: int = Field(4096, description="Longest body.state span attribute.")
 
     @field_validator("max_body_bytes", "max_response_bytes", "default_text_limit")
     @classmethod

@@ -47,9 +47,9 @@ def assert_error(response: httpx.Response, status: int, error_type: str | None =
 class Gateway:
     """Arbiter served by uvicorn in a daemon thread, on a free loopback port."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
         self.settings = settings
-        self.app = create_app(settings)
+        self.app = create_app(settings, tracer_provider=tracer_provider)
         self._socket = socket.socket()
         self._socket.bind(("127.0.0.1", 0))
         self.port = self._socket.getsockname()[1]
@@ -79,10 +79,10 @@ class Gateway:
         return httpx.Client(base_url=self.url, headers=headers, timeout=kwargs.pop("timeout", 30), **kwargs)
 
 
-def start_gateway(database_url: str, **overrides: Any) -> Gateway:
+def start_gateway(database_url: str, tracer_provider: Any = None, **overrides: Any) -> Gateway:
     values: dict[str, Any] = {"database_url": database_url, "registry_refresh_interval": 0.2,
                               "flush_interval": 0.1, **overrides}
-    return Gateway(Settings(**values)).start()
+    return Gateway(Settings(**values), tracer_provider).start()
 
 
 @dataclass

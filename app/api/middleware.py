@@ -6,6 +6,8 @@ import re
 import uuid
 
 from app.api.asgi import ASGIApp, Message, Receive, Scope, Send
+from app.telemetry.metrics import Metrics
+from app.telemetry.tracing import Tracing
 
 _SAFE_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")
 
@@ -38,6 +40,44 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
-def build_stack(app: ASGIApp) -> ASGIApp:
-    """Outermost first: request id."""
-    return RequestIdMiddleware(app)
+class MetricsMiddleware:
+    """Requests by route and status, and requests in flight. Routes are templates (or the lean
+    routes' paths), never raw paths, so the label set stays small."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, lean_paths: frozenset[str]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.lean_paths = lean_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        lean = path if path in self.lean_paths else None
+        gauge = self.metrics.in_flight.labels(lean or "api")
+        status = [500]
+
+        async def send_with_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        gauge.inc()
+        try:
+            await self.app(scope, receive, send_with_status)
+        finally:
+            gauge.dec()
+            route = lean or getattr(scope.get("route"), "path", None) or "unmatched"
+            self.metrics.requests.labels(route, scope["method"], str(status[0])).inc()
+
+
+def build_stack(app: ASGIApp, metrics: Metrics, lean_paths: frozenset[str], tracing: Tracing) -> ASGIApp:
+    """Outermost first: the server span (when tracing is on), request id, metrics."""
+    stack: ASGIApp = RequestIdMiddleware(MetricsMiddleware(app, metrics, lean_paths))
+    if tracing.on:
+        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+        stack = OpenTelemetryMiddleware(stack, tracer_provider=tracing.provider, exclude_spans=["receive", "send"],
+                                        excluded_urls="healthz,readyz,metrics")
+    return stack

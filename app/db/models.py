@@ -12,6 +12,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -123,6 +124,26 @@ class ModelInstall(Base):
     started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class UsageRecord(Base):
+    """One decision (or chat) request as billed: written in batches, never updated."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (Index("ix_usage_project_at", "project_id", "at"), Index("ix_usage_at", "at"))
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    request_id: Mapped[str] = mapped_column(String(64))
+    project_id: Mapped[int | None] = mapped_column(ForeignKey("projects.id", ondelete="SET NULL"), nullable=True)
+    key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"), nullable=True)
+    operation: Mapped[str] = mapped_column(String(32))  # decision, chat
+    model: Mapped[str] = mapped_column(String(200))  # the public name
+    provider: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    status: Mapped[int] = mapped_column(Integer)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    latency_ms: Mapped[float] = mapped_column(Float)
 
 
 class AuditEntry(Base):

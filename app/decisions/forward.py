@@ -25,6 +25,7 @@ from app.errors import (
 from app.services.registry import ModelEntry, Registry, Replica
 from app.services.routing import ReplicaRouter
 from app.settings import Settings
+from app.telemetry.tracing import Tracing, annotate
 from app.tenancy.principal import Principal
 from infra_adapters.base import (
     BackendError,
@@ -51,10 +52,12 @@ class Outcome:
 
 
 class Forwarder:
-    def __init__(self, registry: Registry, router: ReplicaRouter, settings: Settings) -> None:
+    def __init__(self, registry: Registry, router: ReplicaRouter, settings: Settings,
+                 tracing: Tracing | None = None) -> None:
         self._registry = registry
         self._router = router
         self._settings = settings
+        self._tracing = tracing or Tracing(None, state=False, state_max_bytes=0)
         self._salt_seed = settings.key_pepper.get_secret_value() if settings.key_pepper else ""
 
     async def decide(self, principal: Principal, body: dict[str, Any], request: DecisionRequest,
@@ -132,8 +135,27 @@ class Forwarder:
                         options: CallOptions) -> Outcome:
         forwarded = dict(body)
         forwarded["model"] = replica.backend_name
-        call = CallOptions(timeout=replica.timeout, max_reply_bytes=options.max_reply_bytes,
-                           headers=options.headers, tenant_salt=options.tenant_salt)
+        headers = dict(options.headers) if self._tracing.on else options.headers
+        with self._tracing.client_span("decision", model, replica.provider, replica.service_name,
+                                       headers) as span:
+            try:
+                outcome = await self._exchange(model, replica, forwarded, CallOptions(
+                    timeout=replica.timeout, max_reply_bytes=options.max_reply_bytes, headers=headers,
+                    tenant_salt=options.tenant_salt))
+            except _ReplicaFault as fault:
+                annotate(span, error_type=fault.error.error_type if fault.reply is None else None,
+                         status=fault.reply.status if fault.reply else None)
+                raise
+            except ArbiterError as error:
+                annotate(span, error_type=error.error_type)
+                raise
+            if span is not None:
+                annotate(span, input_tokens=outcome.input_tokens, output_tokens=outcome.output_tokens,
+                         state=self._tracing.state_text(body), status=outcome.status)
+            return outcome
+
+    async def _exchange(self, model: str, replica: Replica, forwarded: dict[str, Any],
+                        call: CallOptions) -> Outcome:
         replica.in_flight += 1
         started = time.perf_counter()
         try:
@@ -143,14 +165,13 @@ class Forwarder:
                                                    f"{replica.timeout:g}s")) from exc
         except ReplyTooLarge as exc:
             raise BackendFailed(502, f"model '{model}' answered more than the "
-                                     f"{options.max_reply_bytes}-byte response cap") from exc
+                                     f"{call.max_reply_bytes}-byte response cap") from exc
         except BackendError as exc:
             raise _ReplicaFault(BackendFailed(502, f"the backend of model '{model}' could not be "
                                                    f"reached or broke the connection")) from exc
         finally:
             replica.in_flight -= 1
-        waited = time.perf_counter() - started
-        return self._outcome(model, replica, reply, waited)
+        return self._outcome(model, replica, reply, time.perf_counter() - started)
 
     def _outcome(self, model: str, replica: Replica, reply: Reply, waited: float) -> Outcome:
         backend = replica.backend

@@ -14,6 +14,8 @@ from app.decisions.forward import Forwarder
 from app.decisions.schema import DecisionRequest
 from app.errors import ArbiterError
 from app.services.catalog import model_kind
+from app.telemetry.observer import Observer
+from app.telemetry.record import RequestRecord
 from app.tenancy.principal import Principal
 
 TEST_PROJECT = "_test"
@@ -29,28 +31,36 @@ def decision_body(model: str) -> dict[str, Any]:
                                    "criteria": dict(OPTIONS)}}}
 
 
-async def run(forwarder: Forwarder, chat: ChatForwarder, *, public_name: str, service_id: int,
-              capabilities: list[str], request_id: str | None = None) -> dict[str, Any]:
+async def run(forwarder: Forwarder, chat: ChatForwarder, observer: Observer, *, public_name: str,
+              service_id: int, capabilities: list[str], request_id: str | None = None) -> dict[str, Any]:
     kind = model_kind(capabilities)
     headers = {"X-Request-Id": request_id} if request_id else {}
+    record = RequestRecord(request_id or "", "decision" if kind == "decision" else "chat", "test",
+                           model=public_name, project=TEST_PROJECT)  # no project id: not billed
     started = time.perf_counter()
     try:
         if kind == "decision":
-            result = await _decision(forwarder, public_name, service_id, headers)
+            result = await _decision(forwarder, public_name, service_id, headers, record)
         elif kind in ("completion", "embedding"):
             result = await _other(chat, kind, public_name, service_id, headers)
         else:
             result = {"ok": False, "status": None, "error": "this model has no capability that can be tested"}
     except ArbiterError as error:
         result = {"ok": False, "status": error.status, "error": error.message}
-    return {"kind": kind, "model": public_name, "latency_ms": round((time.perf_counter() - started) * 1000, 1),
-            **result}
+        record.error_type = error.error_type
+    record.status = result.get("status") or 0
+    record.seconds = time.perf_counter() - started
+    observer.finish(record)
+    return {"kind": kind, "model": public_name, "latency_ms": round(record.seconds * 1000, 1), **result}
 
 
-async def _decision(forwarder: Forwarder, model: str, service_id: int, headers: dict[str, str]) -> dict[str, Any]:
+async def _decision(forwarder: Forwarder, model: str, service_id: int, headers: dict[str, str],
+                    record: RequestRecord) -> dict[str, Any]:
     body = decision_body(model)
     outcome = await forwarder.decide(TEST_PRINCIPAL, body, DecisionRequest(model, (), False),
                                      len(jsonbody.dumps(body)), headers, only=service_id)
+    record.provider, record.backend_seconds = outcome.provider, outcome.backend_seconds
+    record.input_tokens, record.output_tokens = outcome.input_tokens, outcome.output_tokens
     if outcome.status != 200:
         return _failed(outcome.status, outcome.body)
     answer = orjson.loads(outcome.body).get("answers", {}).get("test", {})

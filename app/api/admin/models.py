@@ -69,5 +69,5 @@ async def test_model(model_id: int, actor: AdminDep, c: ComponentsDep) -> dict[s
         return model.public_name, service.id, list(model.capabilities)
 
     public_name, service_id, capabilities = await c.in_session(card)
-    return await testing.run(c.forwarder, c.chat, public_name=public_name, service_id=service_id,
+    return await testing.run(c.forwarder, c.chat, c.observer, public_name=public_name, service_id=service_id,
                              capabilities=capabilities, request_id=actor.request_id)

@@ -4,6 +4,7 @@ streaming passed through chunk by chunk as it arrives (lean ASGI, like /v1/syste
 from __future__ import annotations
 
 import logging
+import time
 
 from app.api.asgi import Receive, Scope, Send, send_bytes, send_error
 from app.api.public.intake import take
@@ -11,7 +12,10 @@ from app.chat.forward import ChatForwarder
 from app.decisions import jsonbody
 from app.errors import ArbiterError
 from app.settings import Settings
+from app.telemetry.observer import Observer
+from app.telemetry.record import RequestRecord
 from app.tenancy.keycache import KeyCache
+from app.tenancy.principal import Principal
 from app.tenancy.touches import KeyTouches
 from infra_adapters.base import BackendError
 
@@ -20,25 +24,43 @@ PATHS = {"/v1/chat/completions": "openai-chat", "/api/chat": "ollama-chat"}
 
 
 class ChatRoute:
-    def __init__(self, keys: KeyCache, forwarder: ChatForwarder, touches: KeyTouches, settings: Settings) -> None:
+    def __init__(self, keys: KeyCache, forwarder: ChatForwarder, touches: KeyTouches, observer: Observer,
+                 settings: Settings) -> None:
         self.keys = keys
         self.forwarder = forwarder
         self.touches = touches
+        self.observer = observer
         self.max_body = settings.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
         api = PATHS[scope["path"]]
         intake = await take(scope, receive, send, self.keys, self.max_body)
         if intake is None:
             return
+        principal = intake.principal
+        record = RequestRecord(scope["state"]["request_id"], "chat", scope["path"],
+                               project_id=principal.project_id, project=principal.project_name,
+                               key_id=principal.key_id)
+        self.touches.touch(principal.key_id)
         try:
-            body = jsonbody.loads(intake.raw)
-            replicas = self.forwarder.check(intake.principal, body, api)
-            answer = await self.forwarder.open(replicas, body, api, intake.forward_headers)
+            await self._serve(send, api, intake.raw, intake.forward_headers, principal, record)
+        finally:
+            record.seconds = time.perf_counter() - started
+            self.observer.finish(record)
+
+    async def _serve(self, send: Send, api: str, raw: bytes, headers: dict[str, str], principal: Principal,
+                     record: RequestRecord) -> None:
+        try:
+            body = jsonbody.loads(raw)
+            replicas = self.forwarder.check(principal, body, api)
+            record.model = body["model"]
+            answer = await self.forwarder.open(replicas, body, api, headers)
         except ArbiterError as error:
+            record.status, record.error_type = error.status, error.error_type
             await send_error(send, error)
             return
-        self.touches.touch(intake.principal.key_id)
+        record.status, record.provider = answer.status, answer.replica.provider
         try:
             if answer.is_json or answer.status != 200:
                 try:

@@ -6,6 +6,7 @@ Checks run in SPEC §1's order: 401 -> 413/415 -> 400 -> 403 -> 404 -> 413 (text
 from __future__ import annotations
 
 import logging
+import time
 
 from app.api.asgi import Receive, Scope, Send, send_bytes, send_error
 from app.api.public.intake import take
@@ -13,35 +14,66 @@ from app.decisions import jsonbody, schema
 from app.decisions.forward import Forwarder
 from app.errors import ArbiterError
 from app.settings import Settings
+from app.telemetry.observer import Observer
+from app.telemetry.record import RequestRecord
+from app.telemetry.tracing import Tracing, annotate, current_span
 from app.tenancy.keycache import KeyCache
 from app.tenancy.touches import KeyTouches
+
+DECISION_PATH = "/v1/systemone"
 
 log = logging.getLogger("arbiter.decisions")
 
 
 class SystemOneRoute:
-    def __init__(self, keys: KeyCache, forwarder: Forwarder, touches: KeyTouches,
-                 settings: Settings) -> None:
+    def __init__(self, keys: KeyCache, forwarder: Forwarder, touches: KeyTouches, observer: Observer,
+                 tracing: Tracing, settings: Settings) -> None:
+        self.tracing = tracing
         self.keys = keys
         self.forwarder = forwarder
         self.touches = touches
+        self.observer = observer
         self.max_body = settings.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
         intake = await take(scope, receive, send, self.keys, self.max_body)
         if intake is None:
             return
+        principal = intake.principal
+        record = RequestRecord(scope["state"]["request_id"], "decision", DECISION_PATH,
+                               project_id=principal.project_id, project=principal.project_name,
+                               key_id=principal.key_id)
+        body = None
+        error: ArbiterError | None = None
         try:
             body = jsonbody.loads(intake.raw)
             request = schema.validate(body)
-            outcome = await self.forwarder.decide(intake.principal, body, request, len(intake.raw),
+            record.model = request.model
+            outcome = await self.forwarder.decide(principal, body, request, len(intake.raw),
                                                   intake.forward_headers)
-        except ArbiterError as error:
-            await send_error(send, error)
-            return
+        except ArbiterError as exc:
+            error = exc
         except Exception:
             log.exception("unexpected error in a decision request")
-            await send_error(send, ArbiterError("internal error; the request id is in X-Request-Id"))
-            return
-        await send_bytes(send, outcome.status, outcome.body, outcome.content_type)
-        self.touches.touch(intake.principal.key_id)
+            error = ArbiterError("internal error; the request id is in X-Request-Id")
+        if error is not None:
+            record.status, record.error_type = error.status, error.error_type
+        else:
+            record.status, record.provider = outcome.status, outcome.provider
+            record.backend_seconds = outcome.backend_seconds
+            record.input_tokens, record.output_tokens = outcome.input_tokens, outcome.output_tokens
+            if outcome.status != 200:
+                record.error_type = str(outcome.status)
+        if self.tracing.on:  # before the answer goes out: the server span ends with it
+            annotate(current_span(), input_tokens=record.input_tokens, output_tokens=record.output_tokens,
+                     state=self.tracing.state_text(body), error_type=record.error_type)
+        try:
+            if error is not None:
+                await send_error(send, error)
+            else:
+                await send_bytes(send, outcome.status, outcome.body, outcome.content_type)
+        finally:
+            record.seconds = time.perf_counter() - started
+            self.touches.touch(principal.key_id)
+            self.observer.finish(record, body)

@@ -1,0 +1,56 @@
+"""Prometheus metrics (SPEC §6), on a registry of the app's own (a fresh app, fresh metrics).
+
+Token usage follows the OpenTelemetry GenAI semantic conventions: one observation for the
+input and one for the output tokens of every successful decision, on the entry node only.
+No metric has a per-key label.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from app.telemetry.record import RequestRecord
+
+TOKEN_BUCKETS = tuple(float(4**n) for n in range(14))  # 1, 4, 16, ..., 67108864
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class Metrics:
+    def __init__(self, *, project_label: bool = True) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._project_label = project_label
+        token_labels = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_token_type",
+                        "gen_ai_request_model"] + (["project"] if project_label else [])
+        self.token_usage = Histogram(
+            "gen_ai_client_token_usage", "Tokens used per request (input and output), OTel GenAI.",
+            token_labels, buckets=TOKEN_BUCKETS, registry=self.registry)
+        self.operation_duration = Histogram(
+            "gen_ai_client_operation_duration_seconds", "Duration of GenAI operations through the gateway.",
+            ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "error_type"],
+            buckets=DURATION_BUCKETS, registry=self.registry)
+        self.requests = Counter("arbiter_http_requests", "HTTP requests by route and status.",
+                                ["route", "method", "status"], registry=self.registry)
+        self.in_flight = Gauge("arbiter_http_requests_in_flight", "HTTP requests being served.",
+                               ["route"], registry=self.registry)
+        self.overhead = Histogram("arbiter_gateway_overhead_seconds",
+                                  "Time a request spent in the gateway itself (total minus waiting on the backend).",
+                                  ["gen_ai_operation_name"], buckets=OVERHEAD_BUCKETS, registry=self.registry)
+
+    def observe(self, record: RequestRecord) -> None:
+        """A finished decision or chat request (the HTTP counters are the middleware's)."""
+        if record.model is None or record.status == 0:
+            return
+        provider = record.provider or "none"
+        self.operation_duration.labels(record.operation, provider, record.model,
+                                       record.error_type or "").observe(record.seconds)
+        if record.backend_seconds:
+            self.overhead.labels(record.operation).observe(record.overhead_seconds)
+        if record.status != 200 or record.input_tokens is None:
+            return
+        extra = (record.project or "",) if self._project_label else ()
+        self.token_usage.labels(record.operation, provider, "input", record.model, *extra).observe(
+            record.input_tokens)
+        if record.output_tokens is not None:
+            self.token_usage.labels(record.operation, provider, "output", record.model, *extra).observe(
+                record.output_tokens)

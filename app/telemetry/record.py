@@ -1,0 +1,34 @@
+"""What the gateway remembers of one request: fed to metrics, logs, the usage ledger and spans."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    request_id: str
+    operation: str  # "decision" or "chat"
+    route: str
+    model: str | None = None
+    project_id: int | None = None
+    project: str | None = None
+    key_id: int | None = None
+    provider: str | None = None
+    status: int = 0
+    seconds: float = 0.0  # the whole request, as the gateway saw it
+    backend_seconds: float = 0.0  # of which waiting on the backend
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    error_type: str | None = None
+    at: dt.datetime | None = None
+
+    @property
+    def overhead_seconds(self) -> float:
+        return max(0.0, self.seconds - self.backend_seconds)
+
+    @property
+    def billable(self) -> bool:
+        """Usage is recorded for a project's request once it got past authentication."""
+        return self.project_id is not None

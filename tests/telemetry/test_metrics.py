@@ -1,0 +1,106 @@
+"""GET /metrics after known requests: token histograms match what the backend reported."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.conftest import free_port
+from tests.support import Stack, assert_error, decision
+
+
+def scrape(stack: Stack, key: str = "admin") -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with stack.client(key) as client:
+        response = client.get("/metrics")
+    assert response.status_code == 200, response.text
+    return samples(response.text)
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def token_labels(token_type: str, project: str = "acme", model: str = "nimble") -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({"gen_ai_operation_name": "decision", "gen_ai_provider_name": "ollama",
+                         "gen_ai_token_type": token_type, "gen_ai_request_model": model,
+                         "project": project}.items()))
+
+
+def test_token_usage_histogram_matches_the_backends_usage(stack: Stack) -> None:
+    usages: list[dict[str, int]] = []
+    with stack.client() as client:
+        for state in ("short", "a somewhat longer state " * 20, {"ticket": "json state"}):
+            answer = client.post("/v1/systemone", json=decision(state=state))
+            assert answer.status_code == 200
+            usages.append(answer.json()["usage"])
+        # Failures add no token observations.
+        assert client.post("/v1/systemone", json=decision("ghost")).status_code == 404
+        assert client.post("/v1/systemone", json=decision(state=5)).status_code == 400
+    metrics = scrape(stack)
+    for kind in ("input", "output"):
+        labels = token_labels(kind)
+        assert metrics[("gen_ai_client_token_usage_count", labels)] == 3
+        assert metrics[("gen_ai_client_token_usage_sum", labels)] == sum(u[f"{kind}_tokens"] for u in usages)
+        bucket = tuple(sorted((*labels, ("le", "6.7108864e+07"))))
+        assert metrics[("gen_ai_client_token_usage_bucket", bucket)] == 3
+    names = {name for name, _ in metrics}
+    assert "gen_ai_client_operation_duration_seconds_count" in names
+    assert "arbiter_gateway_overhead_seconds_count" in names
+    assert not any("key" in dict(labels) for _, labels in metrics)  # never a per-key label
+    requests = {dict(labels)["status"]: value for (name, labels), value in metrics.items()
+                if name == "arbiter_http_requests_total" and dict(labels)["route"] == "/v1/systemone"}
+    assert requests == {"200": 3, "404": 1, "400": 1}
+
+
+def test_token_buckets_follow_the_genai_conventions(stack: Stack) -> None:
+    with stack.client() as client:
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+    buckets = sorted(float(dict(labels)["le"]) for (name, labels) in scrape(stack)
+                     if name == "gen_ai_client_token_usage_bucket" and dict(labels)["gen_ai_token_type"] == "input")
+    assert buckets[:-1] == [float(4**n) for n in range(14)] and buckets[-1] == float("inf")
+
+
+def test_the_test_action_is_labelled_test_and_not_billed(stack: Stack) -> None:
+    with stack.client("admin") as admin:
+        model_id = next(m["id"] for m in admin.get("/admin/models").json()["data"] if m["public_name"] == "nimble")
+        assert admin.post(f"/admin/models/{model_id}/test").json()["ok"] is True
+    metrics = scrape(stack)
+    assert metrics[("gen_ai_client_token_usage_count", token_labels("input", project="_test"))] == 1
+    with stack.client("admin") as admin:
+        assert admin.get("/admin/usage").json()["data"] == []
+
+
+def test_metrics_need_their_credential(stack: Stack, gateway_factory: Any) -> None:
+    assert_error(stack.client(None).get("/metrics"), 401)
+    assert_error(stack.client().get("/metrics"), 401)  # a project key is not enough
+    guarded = gateway_factory(metrics_token="scrape-me")
+    with guarded.client("scrape-me") as client:
+        assert client.get("/metrics").status_code == 200
+    with guarded.client(stack.admin_key) as client:
+        assert_error(client.get("/metrics"), 401)
+
+
+def test_metrics_on_a_separate_port(stack: Stack, gateway_factory: Any) -> None:
+    port = free_port()
+    separate = gateway_factory(metrics_port=port)
+    with separate.client(stack.project_key) as client:
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+        assert_error(client.get("/metrics"), 404)
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    assert samples(text)[("gen_ai_client_token_usage_count", token_labels("input"))] == 1
+
+
+def test_the_project_label_can_be_dropped(stack: Stack, gateway_factory: Any) -> None:
+    quiet = gateway_factory(metrics_project_label=False)
+    with quiet.client(stack.project_key) as client:
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+    with quiet.client(stack.admin_key) as client:
+        metrics = samples(client.get("/metrics").text)
+    token_series = [dict(labels) for name, labels in metrics if name == "gen_ai_client_token_usage_count"]
+    assert token_series and all("project" not in labels for labels in token_series)

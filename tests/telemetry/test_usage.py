@@ -1,0 +1,79 @@
+"""The usage ledger: every request of a project recorded once, queryable per day and model."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any
+
+from sqlalchemy import func, select
+
+from app.db.models import UsageRecord
+from tests.support import Stack, assert_error, decision
+
+
+def count(stack: Stack) -> int:
+    with stack.db.session() as session:
+        return int(session.scalar(select(func.count()).select_from(UsageRecord)) or 0)
+
+
+def test_every_request_is_recorded_with_tokens_status_and_latency(stack: Stack) -> None:
+    usages = []
+    with stack.client() as client:
+        for _ in range(3):
+            usages.append(client.post("/v1/systemone", json=decision()).json()["usage"])
+        assert client.post("/v1/systemone", json=decision("ghost")).status_code == 404
+        assert client.post("/v1/systemone", json=decision("clef")).status_code == 200
+    stack.gateway.stop()  # a clean shutdown flushes what is pending
+    with stack.db.session() as session:
+        rows = list(session.scalars(select(UsageRecord).order_by(UsageRecord.id)))
+    assert [(r.model, r.status) for r in rows] == [("nimble", 200)] * 3 + [("ghost", 404), ("clef", 200)]
+    assert [r.input_tokens for r in rows[:3]] == [u["input_tokens"] for u in usages]
+    assert all(r.key_id is not None and r.project_id is not None and r.latency_ms > 0 for r in rows)
+    assert rows[3].input_tokens == 0
+
+
+def test_usage_per_day_and_model_for_a_project_and_the_gateway(stack: Stack) -> None:
+    other = stack.new_project("globex")
+    with stack.client() as acme, stack.gateway.client(other) as globex:
+        tokens = [acme.post("/v1/systemone", json=decision()).json()["usage"] for _ in range(2)]
+        acme.post("/v1/systemone", json=decision("clef"))
+        globex.post("/v1/systemone", json=decision())
+    with stack.client("admin") as admin:
+        deadline = time.monotonic() + 5  # the ledger writes every flush_interval (0.1 s here)
+        while len(admin.get("/admin/usage").json()["data"]) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        everything = admin.get("/admin/usage").json()["data"]
+        mine = admin.get("/admin/projects/acme/usage").json()["data"]
+        today = dt.datetime.now(dt.UTC).date()
+        none_yesterday = admin.get(f"/admin/usage?until={today - dt.timedelta(days=1)}").json()["data"]
+        assert_error(admin.get("/admin/projects/nobody/usage"), 404)
+        assert_error(admin.get("/admin/usage?since=yesterday"), 400)
+        recent = admin.get("/admin/usage/recent?project=globex").json()["data"]
+    assert {(r["project"], r["model"], r["requests"]) for r in everything} == {
+        ("acme", "nimble", 2), ("acme", "clef", 1), ("globex", "nimble", 1)}
+    nimble = next(r for r in mine if r["model"] == "nimble")
+    assert nimble["day"] == str(today)
+    assert nimble["input_tokens"] == sum(t["input_tokens"] for t in tokens)
+    assert nimble["output_tokens"] == sum(t["output_tokens"] for t in tokens)
+    assert {r["project"] for r in mine} == {"acme"}
+    assert none_yesterday == []
+    assert len(recent) == 1 and recent[0]["status"] == 200
+
+
+def test_a_request_without_a_valid_key_is_not_billed(stack: Stack) -> None:
+    with stack.client("arb_proj_" + "y" * 43) as client:
+        assert client.post("/v1/systemone", json=decision()).status_code == 401
+    stack.gateway.stop()
+    assert count(stack) == 0
+
+
+def test_chat_is_recorded_too(stack: Stack) -> None:
+    with stack.client() as client:
+        response = client.post("/v1/chat/completions", json={
+            "model": "llama3.2", "messages": [{"role": "user", "content": "hi"}]})
+        assert response.status_code == 200
+    stack.gateway.stop()
+    with stack.db.session() as session:
+        row: Any = session.scalar(select(UsageRecord))
+    assert (row.operation, row.model, row.status) == ("chat", "llama3.2", 200)
