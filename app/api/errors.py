@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app.errors import (
     ArbiterError,
@@ -20,6 +21,7 @@ from app.errors import (
 )
 
 log = logging.getLogger("arbiter.api")
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 def error_response(error: ArbiterError) -> Response:
@@ -48,7 +50,7 @@ def install(app: FastAPI) -> None:
         if exc.status_code == 404:
             return error_response(NotFound(f"no route {request.method} {request.url.path}"))
         if exc.status_code == 405:
-            allow = (exc.headers or {}).get("Allow", "")
+            allow = _allowed_methods(request) or (exc.headers or {}).get("Allow", "")
             error = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}; use {allow}")
             error.headers["Allow"] = allow
             return error_response(error)
@@ -68,3 +70,10 @@ def install(app: FastAPI) -> None:
     async def unexpected(_request: Request, exc: Exception) -> Response:
         log.exception("unexpected error", exc_info=exc)
         return error_response(ArbiterError("internal error; the request id is in X-Request-Id"))
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method that some route takes on this path (Starlette's 405 names the first route's only)."""
+    routes = request.app.router.routes
+    return ", ".join(m for m in _METHODS
+                     if any(r.matches({**request.scope, "method": m})[0] is Match.FULL for r in routes))

@@ -70,10 +70,15 @@ def plan(session: Session, settings: Settings, service: Service, request: dict[s
         backend_name = name if ":" in name else f"{name}:latest"
     else:
         backend_name = name
-        offered = {m.name for m in backend_for(service, settings).list_models()}
+        try:
+            offered = {m.name for m in backend_for(service, settings).list_models()}
+        except BackendError as exc:
+            raise InvalidRequest(f"cannot install on service '{service.name}': {exc}") from exc
         if backend_name not in offered:
             where = "Ollama Cloud does not host" if service.type == "ollama-cloud" else "this vLLM does not serve"
             raise InvalidRequest(f"{where} '{name}'; it offers: {', '.join(sorted(offered)) or 'nothing'}")
+    if len(backend_name) > 200:
+        raise InvalidRequest(f"model name '{backend_name}' is longer than 200 characters")
     public_name = request.get("public_name") or public(service.type, backend_name)
     if not isinstance(public_name, str) or len(public_name) > 200:
         raise InvalidRequest("public_name must be a string of at most 200 characters")
@@ -108,6 +113,10 @@ def install_view(install: ModelInstall, service_name: str | None = None) -> dict
             "status": install.status, "stage": install.stage, "percent": round(install.percent, 1),
             "error": install.error, "started_at": _iso(install.started_at),
             "finished_at": _iso(install.finished_at)}
+
+
+def _find_job(session: Session, install_id: int) -> ModelInstall | None:
+    return session.get(ModelInstall, install_id) if 0 < install_id <= services.MAX_ROW_ID else None
 
 
 def _iso(value: Any) -> str | None:
@@ -214,7 +223,7 @@ class Installer:
 
     async def cancel(self, install_id: int, actor: Actor) -> dict[str, Any]:
         def work(session: Session) -> dict[str, Any]:
-            job = session.get(ModelInstall, install_id)
+            job = _find_job(session, install_id)
             if job is None:
                 raise NotFound(f"install {install_id} does not exist")
             if job.status in FINISHED:
@@ -234,7 +243,7 @@ class Installer:
 
     async def get(self, install_id: int) -> dict[str, Any]:
         def work(session: Session) -> dict[str, Any]:
-            job = session.get(ModelInstall, install_id)
+            job = _find_job(session, install_id)
             if job is None:
                 raise NotFound(f"install {install_id} does not exist")
             service = session.get(Service, job.service_id)

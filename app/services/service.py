@@ -23,8 +23,12 @@ from infra_adapters.ollama import OllamaCloudBackend
 
 
 def check_url(url: str) -> str:
-    parts = urlsplit(url or "")
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url or "")
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a bad IPv6 literal or a port out of range
+        valid = False
+    if not valid or any(ord(c) <= 32 for c in url):  # spaces and control characters
         raise InvalidRequest(f"service url must be an http(s):// URL, not {url!r}")
     return url.rstrip("/")
 
@@ -83,6 +87,8 @@ def update_service(session: Session, settings: Settings, name: str, actor: Actor
     if "api_key" in changes:
         service.credential = CredentialBox.from_settings(settings).seal(changes["api_key"])
         details["api_key"] = "changed" if changes["api_key"] else "removed"
+    if "text_limit" in changes and changes["text_limit"] is None:
+        changes = {**changes, "text_limit": settings.default_text_limit}  # null: back to the default
     for field in ("text_limit", "timeout", "context_length", "version_override"):
         if field in changes:
             setattr(service, field, changes[field])
@@ -94,9 +100,12 @@ def update_service(session: Session, settings: Settings, name: str, actor: Actor
     return service
 
 
+MAX_ROW_ID = 2**31 - 1  # integer columns and primary keys are 32-bit on PostgreSQL
+
+
 def _check_limits(text_limit: int | None, timeout: float | None, context_length: int | None) -> None:
-    if text_limit is not None and text_limit <= 0:
-        raise InvalidRequest("text_limit must be a positive number of bytes")
+    if text_limit is not None and not 0 < text_limit <= MAX_ROW_ID:
+        raise InvalidRequest(f"text_limit must be a positive number of bytes, at most {MAX_ROW_ID}")
     if timeout is not None and not 0 < timeout <= 3600:
         raise InvalidRequest("timeout must be between 0 and 3600 seconds")
     if context_length is not None and not 256 <= context_length <= 1 << 21:
@@ -156,7 +165,7 @@ def model_view(model: Model, service: Service | None = None) -> dict[str, Any]:
 
 
 def get_model(session: Session, model_id: int) -> tuple[Model, Service]:
-    model = session.get(Model, model_id)
+    model = session.get(Model, model_id) if 0 < model_id <= MAX_ROW_ID else None
     if model is None:
         raise NotFound(f"model {model_id} does not exist")
     return model, session.get_one(Service, model.service_id)

@@ -141,6 +141,8 @@ def create_key(session: Session, hasher: KeyHasher, actor: Actor, *, kind: str,
 
 
 def get_key(session: Session, key_id: int) -> ApiKey:
+    if not 0 < key_id < 2**31:  # past the column's range: no such key (not a database error)
+        raise NotFound(f"key {key_id} does not exist")
     key = session.get(ApiKey, key_id)
     if key is None:
         raise NotFound(f"key {key_id} does not exist")

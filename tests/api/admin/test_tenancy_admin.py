@@ -372,3 +372,9 @@ def test_a_null_allowlist_is_refused(stack: Stack) -> None:
     with stack.client("admin") as admin:
         response = admin.patch("/admin/projects/acme", json={"models": None})
     assert "not null" in assert_error(response, 400)["error"]
+
+
+def test_key_ids_out_of_range_are_404(stack: Stack) -> None:
+    with stack.client("admin") as admin:
+        for path in ("/admin/keys/100000000000000000000/revoke", "/admin/keys/0/revoke", "/admin/keys/-5/rotate"):
+            assert_error(admin.post(path, json={}), 404)

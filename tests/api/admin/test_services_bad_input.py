@@ -1,0 +1,219 @@
+"""Bad input on every admin endpoint for services, models and installs: SPEC §1's error
+shape, 400 for what the admin sent (never 422), 404/409 where they belong, never a 5xx."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
+from infra_adapters.emulators.server import EmulatorServer
+from infra_adapters.emulators.vllm import VllmState
+from tests.support import Stack, assert_error
+
+HUGE_ID = 10**20  # past any database integer
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def audit_count(admin: httpx.Client) -> int:
+    return len(admin.get("/admin/audit", params={"limit": 1000}).json()["data"])
+
+
+@pytest.fixture
+def admin(stack: Stack) -> Iterator[httpx.Client]:
+    with stack.client("admin") as client:
+        yield client
+
+
+def nimble_id(admin: httpx.Client) -> int:
+    return int(next(m["id"] for m in admin.get("/admin/models").json()["data"] if m["public_name"] == "nimble"))
+
+
+def test_add_service_bad_input(admin: httpx.Client, stack: Stack) -> None:
+    url = stack.ollama.url
+    audited = audit_count(admin)
+    unknown = assert_error(admin.post("/admin/services", json={"type": "llamafile", "url": url}), 400)
+    assert "llamafile" in unknown["error"]
+    port = closed_port()
+    down = assert_error(admin.post("/admin/services", json={"type": "ollama-external",
+                                                            "url": f"http://127.0.0.1:{port}"}), 400)
+    assert f"127.0.0.1:{port}" in down["error"]
+    taken = admin.post("/admin/services", json={"type": "ollama-external", "url": url, "name": "ollama"})
+    assert "ollama" in assert_error(taken, 409, "conflict_error")["error"]
+    bad_bodies: list[Any] = [
+        {"type": "ollama-external", "url": url, "gpus": 2},  # unknown field
+        {"url": url},  # no type
+        {"type": 7, "url": url},
+        {"type": "ollama-external", "url": ["http://x"]},
+        {"type": "ollama-external", "url": url, "name": ""},
+        {"type": "ollama-external", "url": url, "name": "x" * 201},
+        {"type": "ollama-external", "url": url, "api_key": ""},
+        {"type": "ollama-external", "url": url, "timeout": 0},
+        {"type": "ollama-external", "url": url, "timeout": -1},
+        {"type": "ollama-external", "url": url, "timeout": 3601},
+        {"type": "ollama-external", "url": url, "timeout": "soon"},
+        {"type": "ollama-external", "url": url, "text_limit": 0},
+        {"type": "ollama-external", "url": url, "text_limit": -65536},
+        {"type": "ollama-external", "url": url, "text_limit": 1.5},
+        {"type": "ollama-external", "url": url, "text_limit": "64k"},
+        {"type": "ollama-external", "url": url, "text_limit": 10**20},
+        {"type": "ollama", "url": url, "context_length": 255},
+        {"type": "ollama", "url": url, "context_length": (1 << 21) + 1},
+        {"type": "ollama", "url": url, "context_length": "long"},
+        {"type": "ollama-external", "url": url, "context_length": 8192},  # not type ollama
+        {"type": "ollama-external", "url": "http://[::1"},
+        {"type": "ollama-external", "url": "http://127.0.0.1:99999"},
+        {"type": "ollama-external", "url": "http://bad host:11434"},
+        {"type": "ollama-external", "url": "http://127.0.0.1/\u0007"},
+        {"type": "ollama-external", "url": "ftp://127.0.0.1/"},
+        [],
+        "ollama",
+    ]
+    for bad in bad_bodies:
+        assert_error(admin.post("/admin/services", json=bad), 400)
+    for raw in (b"", b"{", b'{"type": "ollama", "type": "vllm"}x'):
+        assert_error(admin.post("/admin/services", content=raw,
+                                headers={"content-type": "application/json"}), 400)
+    context = assert_error(admin.post("/admin/services", json={"type": "vllm", "url": url,
+                                                               "context_length": 8192}), 400)
+    assert "context_length" in context["error"]
+    assert [s["name"] for s in admin.get("/admin/services").json()["data"]] == ["ollama"]
+    assert audit_count(admin) == audited  # refusals leave no trace
+
+
+def test_update_service_bad_input(admin: httpx.Client, vllm: tuple[EmulatorServer, VllmState]) -> None:
+    assert "nope" in assert_error(admin.patch("/admin/services/nope", json={"timeout": 5}), 404)["error"]
+    for bad in ({"name": "renamed"}, {"type": "vllm"}, {"timeout": 0}, {"timeout": 7200}, {"text_limit": 0},
+                {"text_limit": 10**20}, {"context_length": 100}, {"url": ""}, {"url": "not a url"},
+                {"url": "http://[::1"}, {"version_override": ""}, {"version_override": "x" * 101},
+                {"api_key": ""}, {"context_length": 4096}, {"version_override": 35}):
+        assert_error(admin.patch("/admin/services/ollama", json=bad), 400)
+    assert_error(admin.patch("/admin/services/ollama", content=b"[]",
+                             headers={"content-type": "application/json"}), 400)
+    server, _ = vllm
+    added = admin.post("/admin/services", json={"type": "vllm", "url": server.url, "name": "gpu"})
+    assert added.status_code == 201
+    for override in ("0.35.0", None):
+        refused = assert_error(admin.patch("/admin/services/gpu", json={"version_override": override}), 400)
+        assert "version_override" in refused["error"]
+    assert "context_length" in assert_error(admin.patch("/admin/services/gpu", json={"context_length": 4096}),
+                                            400)["error"]
+    view = admin.get("/admin/services/ollama").json()
+    assert view["timeout"] is None and view["version_override"] is None and view["text_limit"] == 65536
+    assert admin.patch("/admin/services/ollama", json={"text_limit": 1000}).json()["text_limit"] == 1000
+    cleared = admin.patch("/admin/services/ollama", json={"text_limit": None, "timeout": None})
+    assert cleared.status_code == 200 and cleared.json()["text_limit"] == 65536  # null: the default again
+
+
+def test_vllm_models_bad_input(admin: httpx.Client, vllm: tuple[EmulatorServer, VllmState]) -> None:
+    server, _ = vllm
+    added = admin.post("/admin/services", json={"type": "vllm", "url": server.url, "name": "gpu"})
+    assert added.status_code == 201
+    served = assert_error(admin.delete("/admin/services/gpu/models/Qwen/Qwen3-0.6B"), 400)
+    assert "Refresh" in served["error"]
+    missing = admin.post("/admin/services/gpu/models",
+                         json={"model": "other/model", "capabilities": ["completion"]})
+    assert "Qwen/Qwen3-0.6B" in assert_error(missing, 400)["error"]
+    assert_error(admin.post("/admin/services/gpu/models", json={"model": "nimble"}), 400)  # an Ollama model
+    server.stop()
+    down = admin.post("/admin/services/gpu/models",
+                      json={"model": "Qwen/Qwen3-0.6B", "capabilities": ["completion"]})
+    assert "cannot reach" in assert_error(down, 400)["error"]
+
+
+def test_service_routes_for_a_missing_service(admin: httpx.Client) -> None:
+    for method, path, payload in (
+            ("GET", "/admin/services/nope", None), ("DELETE", "/admin/services/nope", None),
+            ("POST", "/admin/services/nope/refresh", None), ("GET", "/admin/services/nope/models", None),
+            ("POST", "/admin/services/nope/models", {"model": "tev1"}),
+            ("POST", "/admin/services/nope/models", {"model": "custom", "capabilities": ["decision"]}),
+            ("DELETE", "/admin/services/nope/models/tev1", None)):
+        assert "nope" in assert_error(admin.request(method, path, json=payload), 404)["error"]
+
+
+def test_install_bad_input(admin: httpx.Client) -> None:
+    for bad in ({}, {"model": ""}, {"model": 7}, {"model": "tev1", "force": True},
+                {"model": "x", "capabilities": []}, {"model": "x", "capabilities": ["telepathy"]},
+                {"model": "x", "capabilities": "decision"}, {"model": "x", "capabilities": [1]},
+                {"model": "x", "capabilities": [None]}, {"model": "x" * 201},
+                {"model": "tev1", "public_name": ""}, {"model": "tev1", "public_name": "x" * 201}):
+        assert_error(admin.post("/admin/services/ollama/models", json=bad), 400)
+    custom = assert_error(admin.post("/admin/services/ollama/models", json={"model": "my-own-model"}), 400)
+    assert "capabilities" in custom["error"]
+    telepathy = assert_error(admin.post("/admin/services/ollama/models",
+                                        json={"model": "x", "capabilities": ["decision", "telepathy"]}), 400)
+    assert "capabilities" in telepathy["error"]
+    cloud_only = assert_error(admin.post("/admin/services/ollama/models", json={"model": "clef:27b"}), 400)
+    assert "Ollama Cloud" in cloud_only["error"]
+    assert_error(admin.post("/admin/services/ollama/models", json={"model": "nimble"}), 409, "conflict_error")
+    assert admin.get("/admin/installs").json()["data"] == []
+
+
+def test_long_names_are_refused_not_a_crash(admin: httpx.Client, stack: Stack) -> None:
+    name = "a" * 196  # 203 characters with the ":latest" tag Ollama adds
+    refused = admin.post("/admin/services/ollama/models", json={"model": name, "capabilities": ["completion"]})
+    assert_error(refused, 400)
+    assert not [r for r in stack.ollama_state.requests if r.path == "/api/pull"]
+
+
+def test_uninstall_bad_input(admin: httpx.Client) -> None:
+    assert "ghost" in assert_error(admin.delete("/admin/services/ollama/models/ghost"), 404)["error"]
+    assert_error(admin.delete("/admin/services/ollama/models/ghost:7b"), 404)
+
+
+def test_install_routes_bad_input(admin: httpx.Client) -> None:
+    for path in ("/admin/installs/424242", f"/admin/installs/{HUGE_ID}"):
+        assert_error(admin.get(path), 404)
+        assert_error(admin.post(path + "/cancel"), 404)
+    for path in ("/admin/installs/abc", "/admin/installs/1.5"):
+        assert_error(admin.get(path), 400)
+        assert_error(admin.post(path + "/cancel"), 400)
+
+
+def test_cancel_a_finished_install(stack: Stack) -> None:
+    state = OllamaState(models={}, pull_seconds=0.05)
+    with EmulatorServer(make_ollama_app(state)) as server, stack.client("admin") as admin:
+        added = admin.post("/admin/services", json={"type": "ollama", "url": server.url, "name": "own"})
+        assert added.status_code == 201
+        job = admin.post("/admin/services/own/models", json={"model": "tev1"}).json()
+        deadline = time.monotonic() + 10
+        while admin.get(f"/admin/installs/{job['id']}").json()["status"] == "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        refused = assert_error(admin.post(f"/admin/installs/{job['id']}/cancel"), 409, "conflict_error")
+        assert "succeeded" in refused["error"]
+        assert admin.get(f"/admin/installs/{job['id']}").json()["status"] == "succeeded"
+
+
+def test_model_card_bad_input(admin: httpx.Client) -> None:
+    for method in ("GET", "PATCH"):
+        for model_id in ("987654", str(HUGE_ID), "-1"):
+            payload = {"timeout": 5} if method == "PATCH" else None
+            assert_error(admin.request(method, f"/admin/models/{model_id}", json=payload), 404)
+        assert_error(admin.request(method, "/admin/models/nimble", json={} if method == "PATCH" else None), 400)
+    assert_error(admin.post(f"/admin/models/{HUGE_ID}/test"), 404)
+    model_id = nimble_id(admin)
+    for bad in ({"public_name": ""}, {"public_name": "x" * 201}, {"public_name": 7}, {"timeout": 0},
+                {"timeout": -2}, {"timeout": 3601}, {"timeout": "slow"}, {"capabilities": ["completion"]},
+                {"backend_name": "other"}):
+        assert_error(admin.patch(f"/admin/models/{model_id}", json=bad), 400)
+    card = admin.get(f"/admin/models/{model_id}").json()
+    assert (card["public_name"], card["timeout"]) == ("nimble", None)
+
+
+def test_wrong_methods_and_unknown_routes(admin: httpx.Client) -> None:
+    wrong = admin.put("/admin/services/ollama", json={})
+    assert_error(wrong, 405, "method_not_allowed")
+    assert set(wrong.headers["allow"].split(", ")) == {"GET", "PATCH", "DELETE"}
+    assert_error(admin.get("/admin/installs/1/cancel"), 405, "method_not_allowed")
+    assert_error(admin.post("/admin/services/ollama/reboot"), 404)

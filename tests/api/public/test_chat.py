@@ -1,0 +1,163 @@
+"""POST /v1/chat/completions and POST /api/chat (SPEC §2): forwarded to models with the
+`completion` capability, streams passed through as they arrive, errors in SPEC §1's shape."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from infra_adapters.emulators.server import EmulatorServer
+from infra_adapters.emulators.vllm import VllmState
+from tests.support import Stack, assert_error
+
+HELLO = [{"role": "user", "content": "Hello there"}]
+REPLY = "Echo: Hello there"
+
+
+def chat(model: str = "llama3.2", **extra: Any) -> dict[str, Any]:
+    return {"model": model, "messages": HELLO, **extra}
+
+
+def sse_events(raw: bytes) -> list[Any]:
+    events = [e for e in raw.split(b"\n\n") if e.strip()]
+    assert all(e.startswith(b"data: ") for e in events), raw
+    assert events[-1] == b"data: [DONE]"
+    return [orjson.loads(e[len(b"data: "):]) for e in events[:-1]]
+
+
+def sent(stack: Stack, path: str) -> list[Any]:
+    return [r.json for r in stack.ollama_state.requests if r.path == path]
+
+
+def test_openai_chat_without_streaming(stack: Stack) -> None:
+    with stack.client() as client:
+        response = client.post("/v1/chat/completions", json=chat(temperature=0.2, seed=7))
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    answer = response.json()
+    assert answer["model"] == "llama3.2" and answer["object"] == "chat.completion"
+    assert answer["choices"][0]["message"]["content"] == REPLY
+    assert sent(stack, "/v1/chat/completions") == [
+        {"model": "llama3.2:latest", "messages": HELLO, "temperature": 0.2, "seed": 7}]
+
+
+def test_model_in_an_answer_is_the_public_name(stack: Stack) -> None:
+    with stack.client("admin") as admin:
+        [card] = [m for m in admin.get("/admin/models").json()["data"] if m["public_name"] == "llama3.2"]
+        assert admin.patch(f"/admin/models/{card['id']}", json={"public_name": "chatty"}).status_code == 200
+    with stack.client() as client:
+        openai = client.post("/v1/chat/completions", json=chat("chatty"))
+        ollama = client.post("/api/chat", json=chat("chatty", stream=False))
+        assert_error(client.post("/v1/chat/completions", json=chat("llama3.2")), 404)
+    assert openai.status_code == ollama.status_code == 200
+    assert openai.json()["model"] == ollama.json()["model"] == "chatty"
+    assert ollama.json()["message"]["content"] == REPLY
+    seen = sent(stack, "/v1/chat/completions") + sent(stack, "/api/chat")
+    assert {r["model"] for r in seen} == {"llama3.2:latest"}
+
+
+def test_openai_chat_streams_as_it_arrives(stack: Stack) -> None:
+    stack.ollama_state.stream_delay = 0.2
+    arrivals: list[tuple[float, bytes]] = []
+    with stack.client() as client:
+        started = time.monotonic()
+        with client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            for chunk in response.iter_raw():
+                arrivals.append((time.monotonic(), chunk))
+    first, last = arrivals[0][0], arrivals[-1][0]
+    assert first - started < 0.6, first - started
+    assert last - first > 0.8, [round(t - started, 2) for t, _ in arrivals]  # six pauses of 0.2 s
+    events = sse_events(b"".join(c for _, c in arrivals))
+    assert all(e["object"] == "chat.completion.chunk" for e in events)
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == REPLY
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+    assert sent(stack, "/v1/chat/completions")[-1]["stream"] is True
+
+
+def test_ollama_chat_streams_ndjson(stack: Stack) -> None:
+    stack.ollama_state.stream_delay = 0.05
+    with stack.client() as client, client.stream("POST", "/api/chat", json=chat()) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("application/x-ndjson")
+        lines = [orjson.loads(line) for line in response.iter_lines() if line.strip()]
+    assert len(lines) > 2 and all(not line["done"] for line in lines[:-1])
+    assert lines[-1]["done"] is True and lines[-1]["done_reason"] == "stop"
+    assert "".join(line["message"]["content"] for line in lines) == REPLY
+    assert sent(stack, "/api/chat")[-1]["model"] == "llama3.2:latest"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+def test_a_decision_model_serves_only_the_decision_endpoints(stack: Stack, path: str) -> None:
+    with stack.client() as client:
+        error = assert_error(client.post(path, json=chat("nimble")), 400)
+    assert "nimble" in error["error"] and "only the decision endpoints" in error["error"]
+    assert not sent(stack, path)
+
+
+def test_key_allowlist_and_unknown_models(stack: Stack) -> None:
+    narrow = stack.new_project("globex", models=["nimble"])
+    with stack.gateway.client(narrow) as client:
+        assert "llama3.2" in assert_error(client.post("/v1/chat/completions", json=chat()), 403)["error"]
+        assert_error(client.post("/api/chat", json=chat()), 403)
+        assert_error(client.post("/v1/chat/completions", json=chat("ghost")), 403)  # no probing
+    with stack.client() as client:
+        assert "ghost" in assert_error(client.post("/v1/chat/completions", json=chat("ghost")), 404)["error"]
+        assert_error(client.post("/api/chat", json=chat("ghost")), 404)
+        assert_error(client.post("/v1/chat/completions", json={"messages": HELLO}), 400)
+        assert_error(client.post("/v1/chat/completions", content=b"[1, 2]"), 400)
+        assert_error(client.post("/v1/chat/completions", content=b"{not json"), 400)
+    for key in (None, "arb_proj_not-a-real-key", stack.admin_key):
+        with stack.gateway.client(key) as client:
+            for path in ("/v1/chat/completions", "/api/chat"):
+                refused = client.post(path, json=chat())
+                assert_error(refused, 401)
+                assert refused.headers["www-authenticate"] == "Bearer"
+    assert not sent(stack, "/v1/chat/completions") and not sent(stack, "/api/chat")
+
+
+def test_a_backend_4xx_passes_through_unchanged(stack: Stack) -> None:
+    request = chat(think=True)  # llama3.2 cannot think: Ollama's own 400
+    direct = httpx.post(stack.ollama.url + "/v1/chat/completions", json={**request, "model": "llama3.2:latest"})
+    direct_ollama = httpx.post(stack.ollama.url + "/api/chat", json={**request, "model": "llama3.2:latest"})
+    with stack.client() as client:
+        through = client.post("/v1/chat/completions", json=request)
+        streamed = client.post("/v1/chat/completions", json={**request, "stream": True})
+        through_ollama = client.post("/api/chat", json=request)
+        stack.ollama_state.faults.status = 429
+        stack.ollama_state.faults.body = b"slow down, please"
+        stack.ollama_state.faults.content_type = "text/plain; charset=utf-8"
+        limited = client.post("/v1/chat/completions", json=chat())
+        again = client.post("/v1/chat/completions", json=chat())  # a 4xx does not back the replica off
+    assert direct.status_code == 400
+    for got, want in ((through, direct), (streamed, direct), (through_ollama, direct_ollama)):
+        assert (got.status_code, got.content, got.headers["content-type"]) == (
+            want.status_code, want.content, want.headers["content-type"])
+    for got in (limited, again):
+        assert (got.status_code, got.content, got.headers["content-type"]) == (
+            429, b"slow down, please", "text/plain; charset=utf-8")
+
+
+def test_vllm_chat(stack: Stack, vllm: tuple[EmulatorServer, VllmState]) -> None:
+    server, state = vllm
+    with stack.client("admin") as admin:
+        added = admin.post("/admin/services", json={"type": "vllm", "url": server.url, "name": "gpu"})
+        assert added.status_code == 201
+    model = "Qwen/Qwen3-0.6B"
+    with stack.client() as client:
+        response = client.post("/v1/chat/completions", json=chat(model, max_tokens=16))
+        with client.stream("POST", "/v1/chat/completions", json=chat(model, stream=True)) as streamed:
+            assert streamed.status_code == 200
+            events = sse_events(streamed.read())
+        refused = assert_error(client.post("/api/chat", json=chat(model)), 400)
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == model and response.json()["choices"][0]["message"]["content"] == REPLY
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == REPLY
+    assert "/v1/chat/completions" in refused["error"]
+    assert [r.path for r in state.requests if r.path.startswith(("/v1/chat", "/api/chat"))] == [
+        "/v1/chat/completions", "/v1/chat/completions"]
