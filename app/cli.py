@@ -71,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--url", default=None, help="the backend's URL (ollama-cloud: https://ollama.com)")
     add.add_argument("--name", default=None)
     add.add_argument("--api-key", default=None, help="the backend's bearer key, if it needs one")
+    add.add_argument("--context-length", type=int, default=None,
+                     help="type ollama: the context length of every model on it")
     add.set_defaults(run=_service_add)
 
     emulate = sub.add_parser("emulate", help="run a backend emulator (tests, local trials)")
@@ -164,7 +166,8 @@ def _service_add(args: argparse.Namespace) -> int:
 
     def work(session: Any, _c: Any, settings: Settings) -> list[str]:
         service = services.add_service(session, settings, CLI, type=args.type, url=args.url,
-                                       name=args.name, credential=args.api_key)
+                                       name=args.name, credential=args.api_key,
+                                       context_length=args.context_length)
         lines = [f"service '{service.name}' added ({service.type}, version {service.version})"]
         lines += [f"  model {m.public_name} ({', '.join(m.capabilities)})"
                   for m in services.service_models(session, service)]

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from prometheus_client import start_http_server
 from sqlalchemy.orm import Session
 
+from app.changes import ChangeBus
 from app.chat.forward import ChatForwarder
 from app.db import migrate
 from app.db.session import Database
@@ -27,6 +28,7 @@ from app.telemetry.usage import UsageLedger
 from app.tenancy import service as tenancy
 from app.tenancy.keycache import KeyCache
 from app.tenancy.keys import KeyHasher
+from app.tenancy.limits import LocalStore, RateLimiter, RedisStore
 from app.tenancy.touches import KeyTouches
 
 log = logging.getLogger("arbiter")
@@ -42,13 +44,20 @@ class Components:
         self.hasher = KeyHasher(settings.key_pepper.get_secret_value() if settings.key_pepper else None)
         self.keys = KeyCache(self.hasher, self._load_principal, settings.key_cache_ttl)
         self.registry = Registry(self.database, settings)
-        self.router = ReplicaRouter(settings.replica_backoff)
-        self.forwarder = Forwarder(self.registry, self.router, settings, self.tracing)
-        self.chat = ChatForwarder(self.registry, self.router, settings)
-        self.sync = SyncLoop(self.database, settings, self.registry.reload)
-        self.installer = Installer(self.database, settings, self.registry.reload)
-        self.touches = KeyTouches(self.database)
         self.metrics = Metrics(project_label=settings.metrics_project_label)
+        self.redis = _redis_client(settings)
+        self.limiter = RateLimiter(RedisStore(self.redis) if self.redis is not None else LocalStore(),
+                                   fail_open=settings.rate_limit_fail_open, shared=self.redis is not None,
+                                   on_limited=self.metrics.rate_limited.inc)
+        if self.redis is not None:
+            self.metrics.redis_up.set_function(lambda: 1.0 if self.limiter.healthy else 0.0)
+        self.bus = ChangeBus(self.redis)
+        self.router = ReplicaRouter(settings.replica_backoff)
+        self.forwarder = Forwarder(self.registry, self.router, settings, self.tracing, self.limiter)
+        self.chat = ChatForwarder(self.registry, self.router, settings, self.limiter)
+        self.sync = SyncLoop(self.database, settings, self.changed_models)
+        self.installer = Installer(self.database, settings, self.changed_models)
+        self.touches = KeyTouches(self.database)
         self.ledger = UsageLedger(self.database)
         self.observer = Observer(self.metrics, self.ledger, log_payloads=settings.log_payloads)
         self._tasks: list[asyncio.Task[None]] = []
@@ -82,6 +91,8 @@ class Components:
             # Versions and models are read at start-up (in the background: a slow backend must
             # not hold the gateway's start) and then on a schedule.
             asyncio.create_task(self.sync.run(self.settings.sync_interval)),
+            asyncio.create_task(self.bus.listen({"keys": self._apply_key_change,
+                                                 "models": self.registry.reload})),
         ]
 
     async def stop(self) -> None:
@@ -92,6 +103,7 @@ class Components:
                 await task
         self._tasks = []
         await self.installer.aclose()
+        await asyncio.to_thread(self.sync.release)
         await self.touches.flush()
         await self.ledger.flush()
         await self.registry.aclose()
@@ -102,7 +114,22 @@ class Components:
             server, thread = self._metrics_server
             server.shutdown()
             thread.join(timeout=5)
+        if self.redis is not None:
+            await self.redis.aclose()
         self.database.dispose()
+
+    async def changed_keys(self) -> None:
+        """A key or a project changed: drop cached principals here and on every replica."""
+        self.keys.invalidate()
+        await self.bus.publish("keys")
+
+    async def changed_models(self) -> None:
+        """Services or models changed: reload the registry here and on every replica."""
+        await self.registry.reload()
+        await self.bus.publish("models")
+
+    async def _apply_key_change(self) -> None:
+        self.keys.invalidate()
 
     async def in_session(self, work: Callable[[Session], T]) -> T:
         """Run ``work(session)`` in a worker thread, in one transaction."""
@@ -110,3 +137,12 @@ class Components:
             with self.database.session() as session:
                 return work(session)
         return await asyncio.to_thread(run)
+
+
+def _redis_client(settings: Settings) -> Any:
+    if settings.redis_url is None:
+        return None
+    import redis.asyncio
+
+    return redis.asyncio.from_url(settings.redis_url.get_secret_value(), socket_timeout=1.0,
+                                  socket_connect_timeout=1.0, health_check_interval=15)

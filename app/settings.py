@@ -45,6 +45,12 @@ class Settings(BaseSettings):
     secret_key: SecretStr | None = Field(
         None, description="Encrypts service credentials at rest; needed to store a service's API key."
     )
+    redis_url: SecretStr | None = Field(
+        None, description="Redis for rate limits shared by every replica and change notifications."
+    )
+    rate_limit_fail_open: bool = Field(
+        False, description="Let requests through when Redis is unreachable (default: refuse with 503)."
+    )
     key_cache_ttl: float = Field(30.0, description="Seconds a resolved key stays cached.")
 
     # Backends.

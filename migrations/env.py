@@ -19,19 +19,28 @@ def run_migrations_offline() -> None:
 
 
 def run_migrations_online() -> None:
+    given = config.attributes.get("connection")
+    if given is not None:  # app.db.migrate holds it, with the migration lock taken
+        _run(given)
+        given.commit()
+        return
     connectable = engine_from_config(
         config.get_section(config.config_ini_section, {}), prefix="sqlalchemy.",
         poolclass=pool.NullPool,
     )
     with connectable.connect() as connection:
-        if connection.dialect.name == "postgresql":
-            connection.exec_driver_sql("SET lock_timeout = '10s'")
-            connection.exec_driver_sql("SET statement_timeout = '60s'")
-            connection.commit()  # session settings stay; alembic then owns the transaction
-        context.configure(connection=connection, target_metadata=target_metadata,
-                          render_as_batch=connection.dialect.name == "sqlite")
-        with context.begin_transaction():
-            context.run_migrations()
+        _run(connection)
+
+
+def _run(connection: object) -> None:
+    if connection.dialect.name == "postgresql":  # type: ignore[attr-defined]
+        connection.exec_driver_sql("SET lock_timeout = '10s'")  # type: ignore[attr-defined]
+        connection.exec_driver_sql("SET statement_timeout = '60s'")  # type: ignore[attr-defined]
+        connection.commit()  # type: ignore[attr-defined]  # settings stay; alembic owns the transaction
+    context.configure(connection=connection, target_metadata=target_metadata,
+                      render_as_batch=connection.dialect.name == "sqlite")  # type: ignore[attr-defined]
+    with context.begin_transaction():
+        context.run_migrations()
 
 
 if context.is_offline_mode():

@@ -11,6 +11,7 @@ from app.errors import BackendFailed, InvalidRequest, NotFound, PermissionDenied
 from app.services.registry import Registry, Replica
 from app.services.routing import ReplicaRouter
 from app.settings import Settings
+from app.tenancy.limits import RateLimiter, limits_of
 from app.tenancy.principal import Principal
 from infra_adapters.base import BackendError, BackendTimeout, CallOptions, Stream
 
@@ -49,7 +50,9 @@ class Answer:
 
 
 class ChatForwarder:
-    def __init__(self, registry: Registry, router: ReplicaRouter, settings: Settings) -> None:
+    def __init__(self, registry: Registry, router: ReplicaRouter, settings: Settings,
+                 limiter: RateLimiter | None = None) -> None:
+        self._limiter = limiter
         self._registry = registry
         self._router = router
         self._settings = settings
@@ -81,6 +84,12 @@ class ChatForwarder:
             raise InvalidRequest(f"model '{model}' is served by a backend that does not speak Ollama's "
                                  "/api/chat; use /v1/chat/completions")
         return replicas
+
+    async def admit(self, principal: Principal) -> None:
+        """Request limits apply to chat too (its tokens are not charged: streams carry no usage)."""
+        requests, tokens = limits_of(principal)
+        if self._limiter is not None and (requests or tokens):
+            await self._limiter.admit(requests, tokens)
 
     async def open(self, replicas: list[Replica], body: dict[str, Any], api: str,
                    headers: dict[str, str]) -> Answer:

@@ -8,7 +8,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
+from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine
+from sqlalchemy.pool import NullPool
 
 from app.settings import sqlalchemy_url
 
@@ -26,8 +29,37 @@ def alembic_config(database_url: str) -> Config:
     return config
 
 
+MIGRATION_LOCK = 7_271_001  # pg_advisory_lock key: one migrating replica at a time
+
+
+def _known(scripts: ScriptDirectory, revision: str) -> bool:
+    try:
+        return scripts.get_revision(revision) is not None
+    except CommandError:  # a revision it has never heard of
+        return False
+
+
 def upgrade(database_url: str) -> None:
-    command.upgrade(alembic_config(database_url), "head")
+    """Apply migrations. On PostgreSQL under an advisory lock, so replicas started together with
+    ARBITER_AUTO_MIGRATE migrate one after the other (the later ones find nothing to do)."""
+    config = alembic_config(database_url)
+    url = sqlalchemy_url(database_url)
+    if not url.startswith("postgresql"):
+        command.upgrade(config, "head")
+        return
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            connection.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK})")
+            try:
+                connection.commit()
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+            finally:
+                connection.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK})")
+                connection.commit()
+    finally:
+        engine.dispose()
 
 
 def head_revision(database_url: str) -> str | None:
@@ -40,8 +72,17 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def check_current(engine: Engine, database_url: str) -> None:
-    """Raise NotMigrated (naming the command that fixes it) unless at head."""
+    """Raise NotMigrated (naming the command that fixes it) when the database is behind the code.
+
+    A revision this code does not know is a newer release's: migrations are written to work
+    while the previous release still runs, so during a rolling upgrade that is fine."""
     current, head = current_revision(engine), head_revision(database_url)
+    if current == head:
+        return
+    scripts = ScriptDirectory.from_config(alembic_config(database_url))
+    known = current is not None and _known(scripts, current)
+    if current is not None and not known:
+        return
     if current != head:
         raise NotMigrated(
             f"the database is not migrated (at {current or 'no revision'}, code needs {head}); "

@@ -46,6 +46,8 @@ class Project(Base):
     # None means every model ("all"); otherwise a list of public model names.
     allowed_models: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     archived: Mapped[bool] = mapped_column(Boolean, default=False)
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -66,6 +68,8 @@ class ApiKey(Base):
         DateTime(timezone=True), nullable=True
     )
     replaced_by_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"), nullable=True)
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class Service(Base):
@@ -144,6 +148,16 @@ class UsageRecord(Base):
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     latency_ms: Mapped[float] = mapped_column(Float)
+
+
+class Lease(Base):
+    """Who runs a background job (service syncs) among the replicas, until when."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(100), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
 
 
 class AuditEntry(Base):

@@ -26,6 +26,7 @@ from app.services.registry import ModelEntry, Registry, Replica
 from app.services.routing import ReplicaRouter
 from app.settings import Settings
 from app.telemetry.tracing import Tracing, annotate
+from app.tenancy.limits import RateLimiter, limits_of
 from app.tenancy.principal import Principal
 from infra_adapters.base import (
     BackendError,
@@ -53,7 +54,8 @@ class Outcome:
 
 class Forwarder:
     def __init__(self, registry: Registry, router: ReplicaRouter, settings: Settings,
-                 tracing: Tracing | None = None) -> None:
+                 tracing: Tracing | None = None, limiter: RateLimiter | None = None) -> None:
+        self._limiter = limiter
         self._registry = registry
         self._router = router
         self._settings = settings
@@ -79,9 +81,15 @@ class Forwarder:
             replicas = [r for r in replicas if r.service_id == only]
             if not replicas:
                 raise NotFound(f"model '{model}' is not served by that service")
+        requests, tokens = limits_of(principal)
+        if self._limiter is not None and (requests or tokens):
+            await self._limiter.admit(requests, tokens)
         options = CallOptions(timeout=0.0, max_reply_bytes=self._settings.max_response_bytes,
                               headers=headers, tenant_salt=self._tenant_salt(principal))
-        return await self._call(model, replicas, body, options)
+        outcome = await self._call(model, replicas, body, options)
+        if tokens and self._limiter is not None and outcome.input_tokens is not None:
+            await self._limiter.charge(tokens, outcome.input_tokens + (outcome.output_tokens or 0))
+        return outcome
 
     def _eligible(self, entry: ModelEntry, body: dict[str, Any], request: DecisionRequest,
                   raw_length: int) -> list[Replica]:

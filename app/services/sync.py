@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app import audit
+from app.db import lease
 from app.db.models import Model, Service, utcnow
 from app.db.session import Database
 from app.services import catalog, versions
@@ -23,6 +24,7 @@ from infra_adapters.ollama import public_name
 
 log = logging.getLogger("arbiter.sync")
 OLLAMA_TYPES = ("ollama", "ollama-external")
+LEASE = "service-sync"
 
 
 def backend_for(service: Service, settings: Settings) -> Backend:
@@ -131,6 +133,7 @@ class SyncLoop:
         self._database = database
         self._settings = settings
         self._on_change = on_change
+        self.runs = 0  # syncs this process ran (the lease makes other replicas skip theirs)
 
     def sync_all(self) -> None:
         with self._database.session() as session:
@@ -145,10 +148,16 @@ class SyncLoop:
                 log.exception("scheduled sync of service %s failed", service_id)
 
     async def run(self, interval: float) -> None:
+        """Sync on one replica at a time: the holder of the ``service-sync`` lease."""
         while True:
             try:
-                await asyncio.to_thread(self.sync_all)
-                await self._on_change()
+                if await asyncio.to_thread(lease.try_hold, self._database, LEASE, max(interval * 2.5, 30.0)):
+                    await asyncio.to_thread(self.sync_all)
+                    self.runs += 1
+                    await self._on_change()
             except Exception:  # the database may be away: try again next time
                 log.exception("scheduled sync failed")
             await asyncio.sleep(interval)
+
+    def release(self) -> None:
+        lease.release(self._database, LEASE)

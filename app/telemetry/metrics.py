@@ -33,6 +33,10 @@ class Metrics:
                                 ["route", "method", "status"], registry=self.registry)
         self.in_flight = Gauge("arbiter_http_requests_in_flight", "HTTP requests being served.",
                                ["route"], registry=self.registry)
+        self.rate_limited = Counter("arbiter_rate_limited", "Requests refused with 429 by a rate limit.",
+                                    registry=self.registry)
+        self.redis_up = Gauge("arbiter_redis_up", "1 when the shared rate-limit store (Redis) answers, "
+                              "0 when it does not (absent without Redis).", registry=self.registry)
         self.overhead = Histogram("arbiter_gateway_overhead_seconds",
                                   "Time a request spent in the gateway itself (total minus waiting on the backend).",
                                   ["gen_ai_operation_name"], buckets=OVERHEAD_BUCKETS, registry=self.registry)

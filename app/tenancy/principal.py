@@ -17,6 +17,10 @@ class Principal:
     archived: bool
     expires_at: dt.datetime | None
     revoked_at: dt.datetime | None
+    project_rpm: int | None = None
+    project_tpm: int | None = None
+    key_rpm: int | None = None
+    key_tpm: int | None = None
 
     def usable(self, now: dt.datetime) -> bool:
         if self.revoked_at is not None and self.revoked_at <= now:

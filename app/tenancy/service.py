@@ -85,9 +85,13 @@ def create_project(session: Session, name: str, actor: Actor, *, models: Any = "
 
 
 def update_project(session: Session, name: str, actor: Actor, *, models: Any = None,
-                   archived: bool | None = None, set_models: bool = False) -> Project:
+                   archived: bool | None = None, set_models: bool = False,
+                   limits: dict[str, int | None] | None = None) -> Project:
     project = get_project(session, name)
     details: dict[str, Any] = {}
+    for field, value in (limits or {}).items():
+        setattr(project, field, _limit(field, value))
+        details[field] = value
     if set_models:
         if models is None:
             raise InvalidRequest("models must be \"all\" or a list of public model names, not null")
@@ -138,6 +142,23 @@ def create_key(session: Session, hasher: KeyHasher, actor: Actor, *, kind: str,
                  details={"project": project, "name": name,
                           "expires_at": expires_at.isoformat() if expires_at else None})
     return key, new.value
+
+
+def set_key_limits(session: Session, key_id: int, actor: Actor, limits: dict[str, int | None]) -> ApiKey:
+    key = get_key(session, key_id)
+    for field, value in limits.items():
+        setattr(key, field, _limit(field, value))
+    audit.record(session, actor=actor.name, action="key.update", target=f"key:{key.id}:{key.prefix}",
+                 request_id=actor.request_id, details=dict(limits))
+    return key
+
+
+def _limit(field: str, value: int | None) -> int | None:
+    if field not in ("requests_per_minute", "tokens_per_minute"):
+        raise InvalidRequest(f"unknown limit {field!r}")
+    if value is not None and not 1 <= value <= 10**12:
+        raise InvalidRequest(f"{field} must be a positive number, or null for no limit")
+    return value
 
 
 def get_key(session: Session, key_id: int) -> ApiKey:
@@ -201,13 +222,15 @@ def key_view(key: ApiKey, project_name: str | None = None) -> dict[str, Any]:
         "created_at": _iso(key.created_at), "expires_at": _iso(key.expires_at),
         "revoked_at": _iso(key.revoked_at), "last_used_at": _iso(key.last_used_at),
         "replaced_by": key.replaced_by_id,
+        "requests_per_minute": key.requests_per_minute, "tokens_per_minute": key.tokens_per_minute,
     }
 
 
 def project_view(project: Project) -> dict[str, Any]:
     return {"id": project.id, "name": project.name,
             "models": project.allowed_models if project.allowed_models is not None else "all",
-            "archived": project.archived, "created_at": _iso(project.created_at)}
+            "archived": project.archived, "requests_per_minute": project.requests_per_minute,
+            "tokens_per_minute": project.tokens_per_minute, "created_at": _iso(project.created_at)}
 
 
 def load_principal(session: Session, digest: str) -> Principal | None:
@@ -227,6 +250,9 @@ def load_principal(session: Session, digest: str) -> Principal | None:
                         if project is not None and project.allowed_models is not None else None),
         archived=bool(project.archived) if project else False,
         expires_at=_aware(key.expires_at), revoked_at=_aware(key.revoked_at),
+        project_rpm=project.requests_per_minute if project else None,
+        project_tpm=project.tokens_per_minute if project else None,
+        key_rpm=key.requests_per_minute, key_tpm=key.tokens_per_minute,
     )
 
 

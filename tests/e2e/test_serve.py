@@ -81,3 +81,25 @@ def test_the_readme_demo_command_gets_a_decision(tmp_path: Path) -> None:
         os.killpg(demo.pid, signal.SIGTERM)
         output = demo.communicate(timeout=30)[0].decode()
     assert "EMULATED Ollama" in output and "curl -s" in output
+
+
+def test_a_database_ahead_of_the_code_is_ready(tmp_path: Path) -> None:
+    """A rolling upgrade: the next release's migration ran; this release keeps serving."""
+    from sqlalchemy import create_engine, text
+
+    database = f"sqlite:///{tmp_path / 'arbiter.db'}"
+    env = environment(database)
+    run(["migrate"], env)
+    engine = create_engine(database)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = 'ffff_from_the_next_release'"))
+    engine.dispose()
+    port = free_port()
+    server = subprocess.Popen([ARBITER, "serve", "--port", str(port)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/healthz", server)
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz").json() == {"status": "ready"}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,9 +30,15 @@ def captured() -> Iterator[io.StringIO]:
     root.setLevel(previous)
 
 
-def access_lines(stream: io.StringIO) -> list[dict[str, Any]]:
-    lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
-    return [line for line in lines if line["logger"] == "arbiter.access"]
+def access_lines(stream: io.StringIO, count: int = 1) -> list[dict[str, Any]]:
+    """The access lines, once ``count`` are there (each is written just after its answer)."""
+    deadline = time.monotonic() + 2
+    while True:
+        lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
+        found = [line for line in lines if line["logger"] == "arbiter.access"]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.01)
 
 
 def test_no_key_bearer_or_state_in_the_logs(stack: Stack, captured: io.StringIO, gateway_factory: Any) -> None:
@@ -61,7 +68,7 @@ def test_one_access_line_per_request(stack: Stack, captured: io.StringIO) -> Non
     with stack.client() as client:
         ok = client.post("/v1/systemone", json=decision())
         missing = client.post("/v1/systemone", json=decision("ghost"))
-    lines = access_lines(captured)
+    lines = access_lines(captured, 2)
     assert [line["request_id"] for line in lines] == [ok.headers["x-request-id"], missing.headers["x-request-id"]]
     first = lines[0]
     assert first["project"] == "acme" and first["model"] == "nimble" and first["status"] == 200

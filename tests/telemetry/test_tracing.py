@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,17 @@ def spans_named(exporter: InMemorySpanExporter, prefix: str) -> list[ReadableSpa
     return [s for s in exporter.get_finished_spans() if s.name.startswith(prefix)]
 
 
+def server_spans(exporter: InMemorySpanExporter, count: int) -> list[ReadableSpan]:
+    """The server spans, once ``count`` have ended (a server span ends just after its last
+    byte is sent, so the client may have the answer a moment before)."""
+    deadline = time.monotonic() + 2
+    while True:
+        found = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.01)
+
+
 def test_server_and_client_spans_carry_usage_and_state(stack: Stack, traced: Any) -> None:
     gateway, exporter = traced()
     state = {"ticket": "My card was charged twice.", "customer": {"tier": "gold"}}
@@ -46,7 +58,7 @@ def test_server_and_client_spans_carry_usage_and_state(stack: Stack, traced: Any
     assert attributes["gen_ai.usage.input_tokens"] == usage["input_tokens"]
     assert attributes["gen_ai.usage.output_tokens"] == usage["output_tokens"]
     assert json.loads(str(attributes["body.state"])) == state
-    servers = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
+    servers = server_spans(exporter, 1)
     assert len(servers) == 1
     server = servers[0]
     assert server.attributes["gen_ai.usage.input_tokens"] == usage["input_tokens"]  # type: ignore[index]
@@ -95,7 +107,7 @@ def test_errors_set_the_span_status_and_error_type(stack: Stack, traced: Any) ->
     (client_span,) = spans_named(exporter, "decision ")
     assert client_span.status.status_code == StatusCode.ERROR
     assert client_span.attributes["error.type"] == "backend_error"  # type: ignore[index]
-    servers = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER]
+    servers = server_spans(exporter, 2)
     assert {s.attributes.get("error.type") for s in servers} >= {"backend_error", "not_found_error"}  # type: ignore[union-attr]
 
 

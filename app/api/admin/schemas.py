@@ -25,6 +25,13 @@ class ProjectCreate(_Strict):
 class ProjectUpdate(_Strict):
     models: Literal["all"] | list[str] | None = None
     archived: bool | None = None
+    requests_per_minute: int | None = Field(None, ge=1, le=10**12)
+    tokens_per_minute: int | None = Field(None, ge=1, le=10**12)
+
+
+class KeyUpdate(_Strict):
+    requests_per_minute: int | None = Field(None, ge=1, le=10**12)
+    tokens_per_minute: int | None = Field(None, ge=1, le=10**12)
 
 
 class KeyCreate(_Strict):

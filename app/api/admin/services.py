@@ -30,7 +30,7 @@ async def add_service(body: ServiceCreate, actor: AdminDep, c: ComponentsDep) ->
         return {**services.service_view(service),
                 "models": [services.model_view(m, service) for m in services.service_models(s, service)]}
     view = await c.in_session(work)
-    await c.registry.reload()
+    await c.changed_models()
     return with_backoffs(view, c)
 
 
@@ -44,7 +44,7 @@ async def update_service(name: str, body: ServiceUpdate, actor: AdminDep, c: Com
     changes = body.model_dump(exclude_unset=True)
     view = await c.in_session(lambda s: services.service_view(
         services.update_service(s, c.settings, name, actor, changes)))
-    await c.registry.reload()
+    await c.changed_models()
     return with_backoffs(view, c)
 
 
@@ -57,7 +57,7 @@ def with_backoffs(view: dict[str, Any], c: Any) -> dict[str, Any]:
 @router.delete("/services/{name}", status_code=204)
 async def remove_service(name: str, actor: AdminDep, c: ComponentsDep) -> None:
     await c.in_session(lambda s: services.remove_service(s, name, actor))
-    await c.registry.reload()
+    await c.changed_models()
 
 
 @router.post("/services/{name}/refresh")
@@ -67,7 +67,7 @@ async def refresh_service(name: str, actor: AdminDep, c: ComponentsDep) -> dict[
         sync.sync_service(s, c.settings, service, actor=actor)
         return services.service_view(service)
     view = await c.in_session(work)
-    await c.registry.reload()
+    await c.changed_models()
     return view
 
 

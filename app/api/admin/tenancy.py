@@ -11,6 +11,7 @@ from app import audit
 from app.api.admin.schemas import (
     KeyCreate,
     KeyRotate,
+    KeyUpdate,
     OrganizationCreate,
     ProjectCreate,
     ProjectUpdate,
@@ -45,10 +46,12 @@ async def get_project(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str
 
 @router.patch("/projects/{name}")
 async def update_project(name: str, body: ProjectUpdate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    limits: dict[str, int | None] = {f: getattr(body, f) for f in ("requests_per_minute", "tokens_per_minute")
+                                     if f in body.model_fields_set}
     view = await c.in_session(lambda s: tenancy.project_view(tenancy.update_project(
         s, name, actor, models=body.models, archived=body.archived,
-        set_models="models" in body.model_fields_set)))
-    c.keys.invalidate()
+        set_models="models" in body.model_fields_set, limits=limits)))
+    await c.changed_keys()
     return view
 
 
@@ -81,13 +84,22 @@ async def create_admin_key(body: KeyCreate, actor: AdminDep, c: ComponentsDep) -
     return await c.in_session(work)
 
 
+@router.patch("/keys/{key_id}")
+async def update_key(key_id: int, body: KeyUpdate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    """A key's own limits (requests and tokens per minute; null: none)."""
+    limits = body.model_dump(exclude_unset=True)
+    view = await c.in_session(lambda s: tenancy.key_view(tenancy.set_key_limits(s, key_id, actor, limits)))
+    await c.changed_keys()
+    return view
+
+
 @router.post("/keys/{key_id}/revoke")
 async def revoke_key(key_id: int, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> dict[str, Any]:
         key = tenancy.revoke_key(s, key_id, actor)
         return tenancy.key_view(key, tenancy.key_project_name(s, key))
     view = await c.in_session(work)
-    c.keys.invalidate()
+    await c.changed_keys()
     return view
 
 
@@ -97,7 +109,7 @@ async def rotate_key(key_id: int, body: KeyRotate, actor: AdminDep, c: Component
         key, value = tenancy.rotate_key(s, c.hasher, key_id, actor, grace_seconds=body.grace_seconds)
         return {**tenancy.key_view(key, tenancy.key_project_name(s, key)), "key": value}
     view = await c.in_session(work)
-    c.keys.invalidate()
+    await c.changed_keys()
     return view
 
 

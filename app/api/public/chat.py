@@ -55,6 +55,7 @@ class ChatRoute:
             body = jsonbody.loads(raw)
             replicas = self.forwarder.check(principal, body, api)
             record.model = body["model"]
+            await self.forwarder.admit(principal)
             answer = await self.forwarder.open(replicas, body, api, headers)
         except ArbiterError as error:
             record.status, record.error_type = error.status, error.error_type

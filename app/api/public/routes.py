@@ -45,4 +45,14 @@ async def readyz(components: ComponentsDep) -> JSONResponse:
     except (SQLAlchemyError, migrate.NotMigrated, OSError) as exc:
         return JSONResponse({"status": "not ready", "reason": type(exc).__name__ + ": " + str(exc)[:200]},
                             status_code=503)
-    return JSONResponse({"status": "ready"})
+    answer: dict[str, Any] = {"status": "ready"}
+    if components.redis is not None:
+        # Reported, not failed on: every replica shares the one Redis, so failing readiness would
+        # take all of them out at once, unlimited projects included.
+        up = await components.limiter.ping()
+        answer["redis"] = "ok" if up else "unreachable"
+        if not up:
+            answer["degraded"] = ("rate-limited requests are " + (
+                "let through (ARBITER_RATE_LIMIT_FAIL_OPEN=true)" if components.settings.rate_limit_fail_open
+                else "refused with 503 (fail closed)"))
+    return JSONResponse(answer)

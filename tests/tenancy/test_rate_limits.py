@@ -1,0 +1,129 @@
+"""Rate limits per project and per key, requests and tokens per minute: 429 with Retry-After."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from tests.support import Stack, assert_error, decision
+
+REDIS = "redis://127.0.0.1:6379/15"
+
+
+def redis_up() -> bool:
+    try:
+        return bool(redis.Redis.from_url(REDIS, socket_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(params=["local", "redis"])
+def limited(request: pytest.FixtureRequest, stack: Stack, gateway_factory: Any) -> Iterator[Any]:
+    if request.param == "redis":
+        if not redis_up():
+            pytest.skip("no Redis at 127.0.0.1:6379")
+        redis.Redis.from_url(REDIS).flushdb()
+        yield gateway_factory(redis_url=REDIS)
+    else:
+        yield stack.gateway
+
+
+def set_project_limits(stack: Stack, gateway: Any = None, **limits: Any) -> None:
+    with (gateway or stack.gateway).client(stack.admin_key) as admin:
+        response = admin.patch("/admin/projects/acme", json=limits)
+        assert response.status_code == 200, response.text
+        assert all(response.json()[k] == v for k, v in limits.items())
+
+
+def test_a_project_limit_lets_exactly_n_through(stack: Stack, limited: Any) -> None:
+    set_project_limits(stack, limited, requests_per_minute=5)
+    with limited.client(stack.project_key) as client:
+        codes = [client.post("/v1/systemone", json=decision()).status_code for _ in range(8)]
+        assert codes == [200] * 5 + [429] * 3
+        refused = client.post("/v1/systemone", json=decision())
+    error = assert_error(refused, 429)
+    assert "5 requests per minute" in error["error"]
+    assert 1 <= int(refused.headers["retry-after"]) <= 13  # one request every 12 s comes back
+
+
+def test_a_key_limit_is_its_own(stack: Stack, limited: Any) -> None:
+    with limited.client(stack.admin_key) as admin:
+        key_id = admin.get("/admin/projects/acme/keys").json()["data"][0]["id"]
+        assert admin.patch(f"/admin/keys/{key_id}", json={"requests_per_minute": 2}).status_code == 200
+        second = admin.post("/admin/projects/acme/keys", json={}).json()["key"]
+    with limited.client(stack.project_key) as client:
+        assert [client.post("/v1/systemone", json=decision()).status_code for _ in range(3)] == [200, 200, 429]
+    with limited.client(second) as client:  # the project has no limit, the other key none
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+
+
+def test_tokens_per_minute_are_charged_after_the_answer(stack: Stack, limited: Any) -> None:
+    with limited.client(stack.project_key) as client:
+        used = client.post("/v1/systemone", json=decision()).json()["usage"]
+    per_request = used["input_tokens"] + used["output_tokens"]
+    set_project_limits(stack, limited, tokens_per_minute=per_request * 2)
+    with limited.client(stack.project_key) as client:
+        codes = [client.post("/v1/systemone", json=decision()).status_code for _ in range(4)]
+    # The budget is spent after two answers; the third finds it in debt.
+    assert codes[:2] == [200, 200] and codes[2:] == [429, 429]
+
+
+def test_limits_apply_to_chat_and_not_to_the_test_action(stack: Stack, limited: Any) -> None:
+    set_project_limits(stack, limited, requests_per_minute=1)
+    chat = {"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}]}
+    with limited.client(stack.project_key) as client:
+        assert client.post("/v1/chat/completions", json=chat).status_code == 200
+        assert client.post("/v1/chat/completions", json=chat).status_code == 429
+    with limited.client(stack.admin_key) as admin:
+        model = next(m["id"] for m in admin.get("/admin/models").json()["data"] if m["public_name"] == "nimble")
+        assert admin.post(f"/admin/models/{model}/test").json()["ok"] is True
+
+
+def test_limits_can_be_lifted_and_bad_values_are_400(stack: Stack) -> None:
+    set_project_limits(stack, requests_per_minute=1)
+    with stack.client() as client:
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+        assert client.post("/v1/systemone", json=decision()).status_code == 429
+    set_project_limits(stack, requests_per_minute=None)
+    with stack.client() as client:
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+    with stack.client("admin") as admin:
+        for bad in ({"requests_per_minute": 0}, {"tokens_per_minute": -5}, {"requests_per_minute": "lots"}):
+            assert_error(admin.patch("/admin/projects/acme", json=bad), 400)
+        assert_error(admin.patch("/admin/keys/999999", json={"requests_per_minute": 3}), 404)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_redis_unreachable_fails_closed_by_default(stack: Stack, gateway_factory: Any) -> None:
+    set_project_limits(stack, requests_per_minute=100)
+    unlimited = stack.new_project("free")
+    gateway = gateway_factory(redis_url=f"redis://127.0.0.1:{closed_port()}/0")
+    with gateway.client(stack.project_key) as client:
+        response = client.post("/v1/systemone", json=decision())
+        ready = client.get("/readyz")
+    assert_error(response, 503)
+    assert response.headers["retry-after"] == "5"
+    assert ready.status_code == 200 and ready.json()["redis"] == "unreachable"
+    assert "refused" in ready.json()["degraded"]
+    with gateway.client(unlimited) as client:  # no limits: Redis is not needed
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+    with gateway.client(stack.admin_key) as admin:
+        assert "arbiter_redis_up 0.0" in admin.get("/metrics").text
+
+
+def test_redis_unreachable_can_fail_open(stack: Stack, gateway_factory: Any) -> None:
+    set_project_limits(stack, requests_per_minute=100)
+    gateway = gateway_factory(redis_url=f"redis://127.0.0.1:{closed_port()}/0", rate_limit_fail_open=True)
+    with gateway.client(stack.project_key) as client:
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+        ready = client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["redis"] == "unreachable"
