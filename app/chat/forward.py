@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.decisions.forward import rewrite_model
-from app.errors import BackendFailed, InvalidRequest, NotFound, PermissionDenied, UpstreamAuthFailed
+from app.errors import BackendFailed, InvalidRequest, NotFound, UpstreamAuthFailed
 from app.services.registry import Registry, Replica
 from app.services.routing import ReplicaRouter
 from app.settings import Settings
@@ -64,10 +64,8 @@ class ChatForwarder:
             raise InvalidRequest("the body must be a JSON object")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("model: field required (a non-empty string)")
-        if principal is not None and not principal.may_use(model):
-            if principal.archived:
-                raise PermissionDenied(f"project '{principal.project_name}' is archived")
-            raise PermissionDenied(f"model '{model}' is not allowed for this project")
+        if principal is not None:
+            principal.authorize(model)
         entry = self._registry.get(model)
         if entry is None:
             raise NotFound(f"model '{model}' is not installed")
@@ -109,16 +107,12 @@ class ChatForwarder:
             replica.in_flight += 1
             try:
                 stream = await replica.backend.open(replica.backend.route(api) or "", forwarded, options)
-            except BackendTimeout as exc:
-                replica.in_flight -= 1
-                self._router.take_out(replica)
-                last = BackendFailed(504, f"model '{model}' did not answer within {replica.timeout:g}s")
-                last.__cause__ = exc
-                continue
             except BackendError as exc:
                 replica.in_flight -= 1
                 self._router.take_out(replica)
-                last = BackendFailed(502, f"the backend of model '{model}' could not be reached")
+                last = (BackendFailed(504, f"model '{model}' did not answer within {replica.timeout:g}s")
+                        if isinstance(exc, BackendTimeout)
+                        else BackendFailed(502, f"the backend of model '{model}' could not be reached"))
                 last.__cause__ = exc
                 continue
             answer = Answer(replica, stream, self._settings.max_response_bytes)

@@ -17,7 +17,6 @@ from app.errors import (
     BackendFailed,
     InvalidRequest,
     NotFound,
-    PermissionDenied,
     TooLarge,
     Unsupported,
     UpstreamAuthFailed,
@@ -69,10 +68,7 @@ class Forwarder:
             raise InvalidRequest("remote media URLs are not accepted; send base64 or data: URLs "
                                  "(an admin can allow URLs with ARBITER_ALLOW_REMOTE_MEDIA_URLS)")
         model = request.model
-        if not principal.may_use(model):
-            if principal.archived:
-                raise PermissionDenied(f"project '{principal.project_name}' is archived")
-            raise PermissionDenied(f"model '{model}' is not allowed for this project")
+        principal.authorize(model)
         entry = self._registry.get(model)
         if entry is None:
             raise NotFound(f"model '{model}' is not installed")

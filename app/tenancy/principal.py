@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+from app.errors import PermissionDenied
+
 
 @dataclass(frozen=True, slots=True)
 class Principal:
@@ -31,6 +33,15 @@ class Principal:
         if self.archived:
             return False
         return self.allowed_models is None or model in self.allowed_models
+
+    def authorize(self, model: str) -> None:
+        """PermissionDenied (403) unless this principal may use ``model``; whether the model
+        exists plays no part, so keys cannot probe what is installed."""
+        if self.may_use(model):
+            return
+        if self.archived:
+            raise PermissionDenied(f"project '{self.project_name}' is archived")
+        raise PermissionDenied(f"model '{model}' is not allowed for this project")
 
     @property
     def actor(self) -> str:

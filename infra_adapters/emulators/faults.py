@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from aiohttp import web
 
@@ -179,3 +180,13 @@ async def _huge(request: web.Request, size: int) -> web.StreamResponse:
         await stream.write(tail)
     await stream.write_eof()
     return stream
+
+
+def faulty_route(state_key: Any, work: Any) -> Any:
+    """A handler calling ``work(request, state)`` through the state's fault knobs."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        state = request.app[state_key]
+        return await respond(request, state.faults, lambda: work(request, state))
+
+    return handler

@@ -7,13 +7,12 @@ All four go through `faults.respond`. Chat streams are paced by
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from .answers import count_tokens
-from .faults import respond
+from .faults import faulty_route
 from .generation import (
     created_at,
     embedding_inputs,
@@ -196,19 +195,8 @@ async def openai_embeddings(request: web.Request, state: OllamaState) -> web.Str
     return json_response(embeddings_body("ollama", model, emb_req))
 
 
-Work = Callable[[web.Request, OllamaState], Awaitable[web.StreamResponse]]
-
-
-def _route(work: Work) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        state = request.app[STATE_KEY]
-        return await respond(request, state.faults, lambda: work(request, state))
-
-    return handler
-
-
 def add_chat_routes(app: web.Application) -> None:
-    app.router.add_post("/api/chat", _route(chat))
-    app.router.add_post("/api/embed", _route(embed))
-    app.router.add_post("/v1/chat/completions", _route(openai_chat))
-    app.router.add_post("/v1/embeddings", _route(openai_embeddings))
+    app.router.add_post("/api/chat", faulty_route(STATE_KEY, chat))
+    app.router.add_post("/api/embed", faulty_route(STATE_KEY, embed))
+    app.router.add_post("/v1/chat/completions", faulty_route(STATE_KEY, openai_chat))
+    app.router.add_post("/v1/embeddings", faulty_route(STATE_KEY, openai_embeddings))

@@ -8,12 +8,10 @@ through `faults.respond`; errors have vLLM's `{"error": {..., "code": status}}`.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 from aiohttp import web
 
 from .answers import count_tokens
-from .faults import respond
+from .faults import faulty_route
 from .generation import prompt_tokens
 from .openai_compat import (
     SSE_CONTENT_TYPE,
@@ -90,17 +88,6 @@ async def embeddings(request: web.Request, state: VllmState) -> web.StreamRespon
     return json_response(embeddings_body("vllm", model, emb_req), content_type=JSON)
 
 
-Work = Callable[[web.Request, VllmState], Awaitable[web.StreamResponse]]
-
-
-def _route(work: Work) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        state = request.app[STATE_KEY]
-        return await respond(request, state.faults, lambda: work(request, state))
-
-    return handler
-
-
 def add_openai_routes(app: web.Application) -> None:
-    app.router.add_post("/v1/chat/completions", _route(chat))
-    app.router.add_post("/v1/embeddings", _route(embeddings))
+    app.router.add_post("/v1/chat/completions", faulty_route(STATE_KEY, chat))
+    app.router.add_post("/v1/embeddings", faulty_route(STATE_KEY, embeddings))

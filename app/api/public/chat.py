@@ -39,9 +39,7 @@ class ChatRoute:
         if intake is None:
             return
         principal = intake.principal
-        record = RequestRecord(scope["state"]["request_id"], "chat", scope["path"],
-                               project_id=principal.project_id, project=principal.project_name,
-                               key_id=principal.key_id)
+        record = intake.record(scope, "chat")
         self.touches.touch(principal.key_id)
         try:
             await self._serve(send, api, intake.raw, intake.forward_headers, principal, record)

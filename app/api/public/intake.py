@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from app.api.asgi import Receive, Scope, Send, header_map, send_error
 from app.decisions.body import ClientGone, check_length, content_encoding, read_body
 from app.errors import ArbiterError
+from app.telemetry.record import RequestRecord
 from app.tenancy.keycache import KeyCache
 from app.tenancy.principal import Principal
 
@@ -24,6 +25,13 @@ class Intake:
     principal: Principal
     raw: bytes
     forward_headers: dict[str, str]  # what goes on to the backend: trace context, request id
+
+    def record(self, scope: Scope, operation: str) -> RequestRecord:
+        """The record of this request, for metrics, logs and usage."""
+        principal = self.principal
+        return RequestRecord(scope["state"]["request_id"], operation, scope["path"],
+                             project_id=principal.project_id, project=principal.project_name,
+                             key_id=principal.key_id)
 
 
 async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_body: int) -> Intake | None:

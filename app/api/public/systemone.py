@@ -15,7 +15,6 @@ from app.decisions.forward import Forwarder
 from app.errors import ArbiterError
 from app.settings import Settings
 from app.telemetry.observer import Observer
-from app.telemetry.record import RequestRecord
 from app.telemetry.tracing import Tracing, annotate, current_span
 from app.tenancy.keycache import KeyCache
 from app.tenancy.touches import KeyTouches
@@ -41,9 +40,7 @@ class SystemOneRoute:
         if intake is None:
             return
         principal = intake.principal
-        record = RequestRecord(scope["state"]["request_id"], "decision", DECISION_PATH,
-                               project_id=principal.project_id, project=principal.project_name,
-                               key_id=principal.key_id)
+        record = intake.record(scope, "decision")
         body = None
         error: ArbiterError | None = None
         try:
