@@ -62,6 +62,7 @@ class Components:
         self.observer = Observer(self.metrics, self.ledger, log_payloads=settings.log_payloads)
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_server: Any = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def _load_principal(self, digest: str) -> Any:
         with self.database.session() as session:
@@ -79,6 +80,7 @@ class Components:
                     log.info("registered the admin key from ARBITER_BOOTSTRAP_ADMIN_KEY")
 
     async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()  # for tools and tests that look inside from outside
         await asyncio.to_thread(self.prepare_database)
         if self.settings.metrics_port is not None:
             self._metrics_server = start_http_server(self.settings.metrics_port, self.settings.metrics_host,

@@ -1,7 +1,7 @@
 """``create_app(settings)``: one fresh application, no module-level state.
 
-The outer ASGI app sends ``POST /v1/systemone`` to the lean decision route and
-everything else to FastAPI; the middleware stack wraps both.
+The outer ASGI app sends ``POST /v1/systemone``, ``/v1/decisions`` and the chat paths to the
+lean routes and everything else to FastAPI; the middleware stack wraps both.
 """
 
 from __future__ import annotations
@@ -24,8 +24,18 @@ from app.api.public import metrics as public_metrics
 from app.api.public import routes as public_routes
 from app.api.public.chat import PATHS as CHAT_PATHS
 from app.api.public.chat import ChatRoute
+from app.api.public.openai_decisions import OPENAI_DECISIONS_PATH, OpenAIDecisionsRoute
 from app.api.public.systemone import DECISION_PATH, SystemOneRoute
 from app.components import Components
+from app.decisions.openai_api.forward import OpenAIDecisionForwarder
+from app.decisions.openai_api.openapi import route_openapi as openai_decisions_openapi
+from app.decisions.openapi import (
+    ANSWER,
+    ANY_OBJECT,
+    CHAT_REQUEST,
+    SYSTEMONE_REQUEST,
+    lean_route_openapi,
+)
 from app.settings import Settings
 
 
@@ -39,13 +49,20 @@ class Arbiter:
         c = self.components
         self.decisions = SystemOneRoute(c.keys, c.forwarder, c.touches, c.observer, c.tracing, settings)
         self.chat = ChatRoute(c.keys, c.chat, c.touches, c.observer, settings)
-        self._stack: ASGIApp = build_stack(self._route, c.metrics, frozenset({DECISION_PATH, *CHAT_PATHS}),
-                                           c.tracing)
+        # The same registry, replica router (in-flight counts, back-off), limiter and tracing.
+        openai = OpenAIDecisionForwarder(c.registry, c.router, settings, c.tracing, c.limiter)
+        self.openai_decisions = OpenAIDecisionsRoute(c.keys, openai, c.touches, c.observer, c.tracing, settings)
+        self._stack: ASGIApp = build_stack(self._route, c.metrics,
+                                           frozenset({DECISION_PATH, OPENAI_DECISIONS_PATH, *CHAT_PATHS}),
+                                           c.tracing, settings.max_concurrency)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._stack(scope, receive, send)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == OPENAI_DECISIONS_PATH:
+            await self.openai_decisions(scope, receive, send)  # every method: its 405 is OpenAI-shaped
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             if scope["path"] == DECISION_PATH:
                 await self.decisions(scope, receive, send)
@@ -83,9 +100,15 @@ def _build_fastapi(components: Components) -> FastAPI:
 
     # POST on these paths is taken by the lean routes before FastAPI; declared here so that
     # other methods get FastAPI's 405 with Allow, and the routes appear in the OpenAPI schema.
-    for path, summary in ((DECISION_PATH, "System One decisions"),
-                          *((p, "Chat, forwarded to a model with the completion capability") for p in CHAT_PATHS)):
-        app.add_api_route(path, _served_by_lean_route, methods=["POST"], summary=summary)
+    app.add_api_route(DECISION_PATH, _served_by_lean_route, methods=["POST"], summary="System One decisions",
+                      openapi_extra=lean_route_openapi(SYSTEMONE_REQUEST, ANSWER))
+    app.add_api_route(OPENAI_DECISIONS_PATH, _served_by_lean_route, methods=["POST"],
+                      summary="The OpenAI Decisions API, on every decision model",
+                      openapi_extra=openai_decisions_openapi())
+    for path in CHAT_PATHS:
+        app.add_api_route(path, _served_by_lean_route, methods=["POST"],
+                          summary="Chat, forwarded to a model with the completion capability",
+                          openapi_extra=lean_route_openapi(CHAT_REQUEST, ANY_OBJECT))
 
     return app
 

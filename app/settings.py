@@ -25,6 +25,11 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address `arbiter serve` binds to.")
     port: int = Field(8080, description="Port `arbiter serve` binds to.")
 
+    # Load.
+    max_concurrency: int = Field(
+        0, description="Most model requests served at once; past it 503 with Retry-After (0: no cap)."
+    )
+
     # Limits (SPEC §1).
     max_body_bytes: int = Field(32 * MiB, description="Largest request body, after decoding.")
     max_response_bytes: int = Field(16 * MiB, description="Largest backend answer accepted.")

@@ -83,7 +83,7 @@ def gateway_factory(db: Database) -> Iterator[Callable[..., Gateway]]:
     started: list[Gateway] = []
 
     def make(**overrides: Any) -> Gateway:
-        gateway = start_gateway(db.url, **overrides)
+        gateway = start_gateway(overrides.pop("database_url", db.url), **overrides)
         started.append(gateway)
         return gateway
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 
-from app.api.asgi import ASGIApp, Message, Receive, Scope, Send
+from app.api.asgi import ASGIApp, Message, Receive, Scope, Send, send_error
+from app.errors import BackendFailed
 from app.telemetry.metrics import Metrics
 from app.telemetry.tracing import Tracing
 
@@ -72,8 +74,39 @@ class MetricsMiddleware:
             self.metrics.requests.labels(route, scope["method"], str(status[0])).inc()
 
 
-def build_stack(app: ASGIApp, metrics: Metrics, lean_paths: frozenset[str], tracing: Tracing) -> ASGIApp:
-    """Outermost first: the server span (when tracing is on), request id, metrics."""
+class ConcurrencyCap:
+    """Sheds load past ``limit`` model requests in flight: 503 with Retry-After at once, before
+    the body is read, so a flood is refused cheaply and the process keeps serving the rest."""
+
+    def __init__(self, app: ASGIApp, limit: int, paths: frozenset[str], on_shed: Callable[[], None]) -> None:
+        self.app = app
+        self.limit = limit
+        self.paths = paths
+        self.on_shed = on_shed
+        self.active = 0  # one event loop: a plain counter is safe
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in self.paths:
+            await self.app(scope, receive, send)
+            return
+        if self.active >= self.limit:
+            self.on_shed()
+            error = BackendFailed(503, f"Arbiter is at its limit of {self.limit} requests in flight; "
+                                       "try again shortly", retry_after=1)
+            await send_error(send, error, close=True)
+            return
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+
+def build_stack(app: ASGIApp, metrics: Metrics, lean_paths: frozenset[str], tracing: Tracing,
+                max_concurrency: int = 0) -> ASGIApp:
+    """Outermost first: the server span (when tracing is on), request id, metrics, the cap."""
+    if max_concurrency > 0:
+        app = ConcurrencyCap(app, max_concurrency, lean_paths, metrics.shed.inc)
     stack: ASGIApp = RequestIdMiddleware(MetricsMiddleware(app, metrics, lean_paths))
     if tracing.on:
         from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware

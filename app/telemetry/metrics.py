@@ -33,6 +33,8 @@ class Metrics:
                                 ["route", "method", "status"], registry=self.registry)
         self.in_flight = Gauge("arbiter_http_requests_in_flight", "HTTP requests being served.",
                                ["route"], registry=self.registry)
+        self.shed = Counter("arbiter_shed", "Requests refused with 503 at the concurrency cap.",
+                            registry=self.registry)
         self.rate_limited = Counter("arbiter_rate_limited", "Requests refused with 429 by a rate limit.",
                                     registry=self.registry)
         self.redis_up = Gauge("arbiter_redis_up", "1 when the shared rate-limit store (Redis) answers, "
