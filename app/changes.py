@@ -6,6 +6,7 @@ are the fallback (docs/deploy.md says so)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -37,8 +38,8 @@ class ChangeBus:
             return
         delay = 0.5
         while True:
+            pubsub = self._redis.pubsub()
             try:
-                pubsub = self._redis.pubsub()
                 await pubsub.subscribe(CHANNEL)
                 delay = 0.5
                 async for message in pubsub.listen():
@@ -47,10 +48,21 @@ class ChangeBus:
                     data = message["data"]
                     kind, _, origin = (data.decode() if isinstance(data, bytes) else str(data)).partition(":")
                     if origin != self.origin and kind in handlers:
-                        await handlers[kind]()
+                        await _apply(kind, handlers[kind])
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError, TimeoutError) as exc:  # Redis away: retry, the TTLs cover the gap
                 log.warning("change notifications interrupted (%s); reconnecting", type(exc).__name__)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
+            finally:
+                with contextlib.suppress(RedisError, OSError, TimeoutError):
+                    await pubsub.aclose()
+
+
+async def _apply(kind: str, handler: Callable[[], Awaitable[None]]) -> None:
+    """One change; a failure (the database away during a reload) must not stop the listener."""
+    try:
+        await handler()
+    except Exception:
+        log.exception("applying a '%s' change failed; the periodic reload will catch up", kind)

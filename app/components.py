@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from prometheus_client import start_http_server
@@ -59,7 +59,8 @@ class Components:
         self.installer = Installer(self.database, settings, self.changed_models)
         self.touches = KeyTouches(self.database)
         self.ledger = UsageLedger(self.database)
-        self.observer = Observer(self.metrics, self.ledger, log_payloads=settings.log_payloads)
+        self.observer = Observer(self.metrics, self.ledger, log_payloads=settings.log_payloads,
+                                 is_known=lambda name: self.registry.get(name) is not None)
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_server: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -98,26 +99,34 @@ class Components:
         ]
 
     async def stop(self) -> None:
+        """Each step on its own: one failing (the database away) must not skip the others."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        await self.installer.aclose()
-        await asyncio.to_thread(self.sync.release)
-        await self.touches.flush()
-        await self.ledger.flush()
-        await self.registry.aclose()
+        steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+            ("installs", self.installer.aclose),
+            ("sync lease", lambda: asyncio.to_thread(self.sync.release)),
+            ("key touches", self.touches.flush),
+            ("usage", self.ledger.flush),
+            ("backends", self.registry.aclose),
+        ]
         shutdown = getattr(self.tracing.provider, "shutdown", None)
         if shutdown is not None:
-            await asyncio.to_thread(shutdown)  # export what is still buffered
+            steps.append(("traces", lambda: asyncio.to_thread(shutdown)))  # export what is buffered
+        if self.redis is not None:
+            steps.append(("redis", self.redis.aclose))
+        for name, step in steps:
+            try:
+                await step()
+            except Exception:
+                log.exception("shutdown step '%s' failed; going on with the others", name)
         if self._metrics_server is not None:
             server, thread = self._metrics_server
             server.shutdown()
             thread.join(timeout=5)
-        if self.redis is not None:
-            await self.redis.aclose()
         self.database.dispose()
 
     async def changed_keys(self) -> None:

@@ -115,7 +115,8 @@ class Backend(Protocol):
         """True when ``reply`` says the backend has no decision endpoint at all."""
 
     def route(self, api: str) -> str | None:
-        """The backend path for a public API ("openai-chat", "ollama-chat", "embed"), or None."""
+        """The backend path for a public API ("openai-chat", "ollama-chat", "embed",
+        "openai-decisions"), or None when the backend does not speak it."""
 
     async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> Stream:
         """POST ``body`` to ``path`` and return the answer as a stream."""

@@ -121,8 +121,11 @@ class HttpBackendBase:
         """POST and return as soon as the answer's head has arrived."""
         url = self.url + path
         with translate_errors(url, options.timeout):
+            # Never follow a backend's redirect: it would re-send a tenant's body to a URL of the
+            # backend's choosing (a server-side request forgery). A 3xx passes through as it came.
             response = await self._client().post(url, data=orjson.dumps(body), headers=self._headers(options),
-                                                 timeout=self._timeout(options.timeout, options.streaming))
+                                                 timeout=self._timeout(options.timeout, options.streaming),
+                                                 allow_redirects=False)
         return AiohttpStream(url, response, options.timeout)
 
     async def aclose(self) -> None:
@@ -136,6 +139,8 @@ def translate_errors(url: str, timeout: float) -> Iterator[None]:
     """aiohttp's errors as the BackendError tree."""
     try:
         yield
+    except aiohttp.ConnectionTimeoutError as exc:  # could not even connect: unreachable, not slow
+        raise BackendUnreachable(f"cannot connect to {url}: timed out") from exc
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise BackendTimeout(f"{url} did not answer within {timeout:g}s") from exc
     except aiohttp.ClientConnectorError as exc:

@@ -1,7 +1,8 @@
-"""vLLM: /version, /v1/models, /v1/systemone (and its error shape)."""
+"""vLLM: /version, /v1/models, /v1/systemone (and its error shape); /v1/decisions is forwarded as is."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -13,7 +14,9 @@ from infra_adapters.media import as_data_url
 GENERATION_CAPABILITIES = frozenset({"completion", "decision"})
 _MEDIA = ("images", "audio", "videos")
 _FASTAPI_NOT_FOUND = b'{"detail":"Not Found"}'
-_ROUTES = {"openai-chat": "/v1/chat/completions", "embed": "/v1/embeddings"}
+# "openai-decisions": vLLM serves OpenAI's Decisions API itself (for its generation models).
+_ROUTES = {"openai-chat": "/v1/chat/completions", "embed": "/v1/embeddings",
+           "openai-decisions": "/v1/decisions"}
 
 
 class VllmBackend(HttpBackendBase):
@@ -36,7 +39,8 @@ class VllmBackend(HttpBackendBase):
         ]
 
     async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:
-        return await self._post("/v1/systemone", self.prepare(body, options.tenant_salt), options)
+        prepared = self.prepare(body, options.tenant_salt)
+        return await self._post("/v1/systemone", prepared, dataclasses.replace(options, tenant_salt=None))
 
     @staticmethod
     def prepare(body: dict[str, Any], tenant_salt: str | None) -> dict[str, Any]:
@@ -46,13 +50,13 @@ class VllmBackend(HttpBackendBase):
             items = body.get(field)
             if isinstance(items, list):
                 body[field] = [as_data_url(item) for item in items]
-        if tenant_salt is not None:
-            own = body.get("cache_salt")
-            if isinstance(own, str) and own:
-                body["cache_salt"] = hashlib.sha256(f"{tenant_salt}:{own}".encode()).hexdigest()
-            else:
-                body["cache_salt"] = tenant_salt
-        return body
+        return salted(body, tenant_salt)
+
+    async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> Any:
+        """Chat shares vLLM's prefix cache as decisions do: it carries the tenant's salt too."""
+        if options.tenant_salt is not None and path == _ROUTES["openai-chat"]:
+            body = salted(dict(body), options.tenant_salt)
+        return await super().open(path, body, options)
 
     def route(self, api: str) -> str | None:
         return _ROUTES.get(api)  # vLLM does not speak Ollama's /api/chat
@@ -60,3 +64,15 @@ class VllmBackend(HttpBackendBase):
     def decisions_unsupported(self, reply: Reply) -> bool:
         # A vLLM that predates /v1/systemone answers FastAPI's route 404.
         return reply.status == 404 and reply.body.strip() == _FASTAPI_NOT_FOUND
+
+
+def salted(body: dict[str, Any], tenant_salt: str | None) -> dict[str, Any]:
+    """``cache_salt`` set to the tenant's salt, combined with the caller's own if it sent one."""
+    if tenant_salt is None:
+        return body
+    own = body.get("cache_salt")
+    if isinstance(own, str) and own and own != tenant_salt:
+        body["cache_salt"] = hashlib.sha256(f"{tenant_salt}:{own}".encode()).hexdigest()
+    else:
+        body["cache_salt"] = tenant_salt
+    return body

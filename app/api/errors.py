@@ -7,7 +7,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -15,6 +15,7 @@ from app.errors import (
     ArbiterError,
     BackendFailed,
     Conflict,
+    InvalidRequest,
     MethodNotAllowed,
     NotFound,
     ValidationFailed,
@@ -62,6 +63,9 @@ def install(app: FastAPI) -> None:
     async def database_error(_request: Request, exc: SQLAlchemyError) -> Response:
         if isinstance(exc, IntegrityError):  # lost a race on a unique name
             return error_response(Conflict("that name is taken; it was created by another request just now"))
+        if isinstance(exc, DataError):  # a value the database cannot store (a NUL character, say)
+            return error_response(InvalidRequest("a value in the request cannot be stored "
+                                                 "(control characters such as NUL are not allowed)"))
         log.error("database error: %s", type(exc).__name__)
         return error_response(BackendFailed(503, "the database is unavailable; try again shortly",
                                             retry_after=5))

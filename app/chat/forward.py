@@ -13,6 +13,7 @@ from app.services.routing import ReplicaRouter
 from app.settings import Settings
 from app.tenancy.limits import RateLimiter, limits_of
 from app.tenancy.principal import Principal
+from app.tenancy.salts import TenantSalts
 from infra_adapters.base import BackendError, BackendTimeout, CallOptions, Stream
 
 _FAULT_STATUSES = frozenset({502, 503, 504})
@@ -53,6 +54,7 @@ class ChatForwarder:
     def __init__(self, registry: Registry, router: ReplicaRouter, settings: Settings,
                  limiter: RateLimiter | None = None) -> None:
         self._limiter = limiter
+        self._salts = TenantSalts(settings)
         self._registry = registry
         self._router = router
         self._settings = settings
@@ -66,6 +68,9 @@ class ChatForwarder:
             raise InvalidRequest("model: field required (a non-empty string)")
         if principal is not None:
             principal.authorize(model)
+        if not self._settings.allow_remote_media_urls and _remote_media(body.get("messages")):
+            raise InvalidRequest("remote media URLs are not accepted in messages; send base64 or data: URLs "
+                                 "(an admin can allow URLs with ARBITER_ALLOW_REMOTE_MEDIA_URLS)")
         entry = self._registry.get(model)
         if entry is None:
             raise NotFound(f"model '{model}' is not installed")
@@ -90,7 +95,7 @@ class ChatForwarder:
             await self._limiter.admit(requests, tokens)
 
     async def open(self, replicas: list[Replica], body: dict[str, Any], api: str,
-                   headers: dict[str, str]) -> Answer:
+                   headers: dict[str, str], principal: Principal | None = None) -> Answer:
         """Send to a replica; retried once elsewhere when it fails before answering."""
         model = body["model"]
         tried: set[int] = set()
@@ -103,7 +108,8 @@ class ChatForwarder:
             forwarded = dict(body)
             forwarded["model"] = replica.backend_name
             options = CallOptions(timeout=replica.timeout, max_reply_bytes=self._settings.max_response_bytes,
-                                  headers=headers, streaming=True)
+                                  headers=headers, streaming=True,
+                                  tenant_salt=self._salts.of(principal.project_id) if principal else None)
             replica.in_flight += 1
             try:
                 stream = await replica.backend.open(replica.backend.route(api) or "", forwarded, options)
@@ -130,3 +136,24 @@ class ChatForwarder:
             raise last
         raise BackendFailed(503, f"every backend that serves model '{model}' is down or backed off; "
                                  "try again shortly", retry_after=self._router.retry_after)
+
+
+def _remote_media(messages: Any) -> bool:
+    """An http(s) URL in a message's media (OpenAI image_url/video_url/audio parts, Ollama images):
+    a backend fetching it would be a server-side request forgery."""
+    if not isinstance(messages, list):
+        return False
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        candidates: list[Any] = list(message.get("images") or []) if isinstance(message.get("images"), list) else []
+        content = message.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict):
+                    for field in ("image_url", "video_url", "audio_url", "input_image", "file"):
+                        value = part.get(field)
+                        candidates.append(value.get("url") if isinstance(value, dict) else value)
+        if any(isinstance(c, str) and c[:8].lower().startswith(("http://", "https://")) for c in candidates):
+            return True
+    return False

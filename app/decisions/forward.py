@@ -3,7 +3,7 @@ and what comes back. No database here: the registry and the principal are in mem
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +27,7 @@ from app.settings import Settings
 from app.telemetry.tracing import Tracing, annotate
 from app.tenancy.limits import RateLimiter, limits_of
 from app.tenancy.principal import Principal
+from app.tenancy.salts import TenantSalts
 from infra_adapters.base import (
     BackendError,
     BackendTimeout,
@@ -35,6 +36,7 @@ from infra_adapters.base import (
     ReplyTooLarge,
 )
 
+log = logging.getLogger("arbiter.decisions")
 _REPLICA_FAULT_STATUSES = frozenset({502, 503, 504})
 
 
@@ -59,7 +61,7 @@ class Forwarder:
         self._router = router
         self._settings = settings
         self._tracing = tracing or Tracing(None, state=False, state_max_bytes=0)
-        self._salt_seed = settings.key_pepper.get_secret_value() if settings.key_pepper else ""
+        self._salts = TenantSalts(settings)
 
     async def decide(self, principal: Principal, body: dict[str, Any], request: DecisionRequest,
                      raw_length: int, headers: dict[str, str], *, only: int | None = None) -> Outcome:
@@ -81,7 +83,7 @@ class Forwarder:
         if self._limiter is not None and (requests or tokens):
             await self._limiter.admit(requests, tokens)
         options = CallOptions(timeout=0.0, max_reply_bytes=self._settings.max_response_bytes,
-                              headers=headers, tenant_salt=self._tenant_salt(principal))
+                              headers=headers, tenant_salt=self._salts.of(principal.project_id))
         outcome = await self._call(model, replicas, body, options)
         if tokens and self._limiter is not None and outcome.input_tokens is not None:
             await self._limiter.charge(tokens, outcome.input_tokens + (outcome.output_tokens or 0))
@@ -110,13 +112,11 @@ class Forwarder:
                                  "it cannot answer /v1/systemone")
         return replicas
 
-    def _tenant_salt(self, principal: Principal) -> str:
-        return hashlib.sha256(f"arbiter-cache-salt:{self._salt_seed}:{principal.project_id}".encode()).hexdigest()
-
     async def _call(self, model: str, replicas: list[Replica], body: dict[str, Any],
                     options: CallOptions) -> Outcome:
         tried: set[int] = set()
-        last_error: BackendFailed | None = None
+        last_error: ArbiterError | None = None
+        last_reply: Outcome | None = None
         for _attempt in range(2):  # one retry on another replica
             replica = self._router.pick(replicas, tried)
             if replica is None:
@@ -125,11 +125,15 @@ class Forwarder:
             try:
                 return await self._call_one(model, replica, body, options)
             except _ReplicaFault as fault:
-                self._router.take_out(replica)
+                if fault.backoff:
+                    self._router.take_out(replica)
                 last_error = fault.error
                 if fault.reply is not None and not self._router.pick(replicas, tried):
                     # Nowhere else to go: the backend's own 5xx passes through.
                     return fault.reply
+                last_reply = fault.reply or last_reply
+        if last_reply is not None:  # a backend's own 5xx beats a generic error of ours
+            return last_reply
         if last_error is not None:
             raise last_error
         raise BackendFailed(503, f"every backend that serves model '{model}' is down or backed off; "
@@ -163,7 +167,7 @@ class Forwarder:
         replica.in_flight += 1
         started = time.perf_counter()
         try:
-            reply = await replica.backend.systemone(forwarded, call)
+            reply = await self._send(replica, forwarded, call)
         except BackendTimeout as exc:
             raise _ReplicaFault(BackendFailed(504, f"model '{model}' did not answer within "
                                                    f"{replica.timeout:g}s")) from exc
@@ -177,15 +181,24 @@ class Forwarder:
             replica.in_flight -= 1
         return self._outcome(model, replica, reply, time.perf_counter() - started)
 
+    async def _send(self, replica: Replica, forwarded: dict[str, Any], call: CallOptions) -> Reply:
+        """The backend call itself; a subclass may speak another dialect (the OpenAI Decisions API)."""
+        return await replica.backend.systemone(forwarded, call)
+
     def _outcome(self, model: str, replica: Replica, reply: Reply, waited: float) -> Outcome:
         backend = replica.backend
+        # Both are about this replica, not the request: another replica may still answer, so
+        # they fail over like a connection error (SPEC §1: 405 only when every holder cannot).
         if backend.decisions_unsupported(reply):
-            raise Unsupported(f"model '{model}' cannot answer decisions: service "
-                              f"'{replica.service_name}' does not serve /v1/systemone "
-                              "(an Ollama older than 0.35.0 or a vLLM without decisions)")
+            raise _ReplicaFault(Unsupported(f"model '{model}' cannot answer decisions: service "
+                                            f"'{replica.service_name}' does not serve /v1/systemone "
+                                            "(an Ollama older than 0.35.0 or a vLLM without decisions)"),
+                                backoff=False)
         if reply.status in (401, 403) and backend.has_credential:
-            raise UpstreamAuthFailed(f"service '{replica.service_name}' rejected Arbiter's credential; "
-                                     "an admin must update the service's key")
+            log.error("service %s rejected Arbiter's credential (HTTP %s)", replica.service_name, reply.status)
+            raise _ReplicaFault(UpstreamAuthFailed(f"service '{replica.service_name}' rejected Arbiter's "
+                                                   "credential; an admin must update the service's key"),
+                                backoff=False)
         if reply.status != 200:
             outcome = Outcome(reply.status, reply.content_type or "application/octet-stream",
                               reply.body, replica.provider, waited)
@@ -206,12 +219,14 @@ class Forwarder:
 
 
 class _ReplicaFault(Exception):
-    """A failure that takes the replica out for a while (connection, timeout, 502/503/504)."""
+    """A failure that takes the replica out for a while (connection, timeout, 502/503/504, no
+    decisions there, a rejected credential)."""
 
-    def __init__(self, error: BackendFailed, reply: Outcome | None = None) -> None:
+    def __init__(self, error: ArbiterError, reply: Outcome | None = None, *, backoff: bool = True) -> None:
         super().__init__(error.message)
         self.error = error
         self.reply = reply
+        self.backoff = backoff  # False: try another replica, but this one is not sick
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

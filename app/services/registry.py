@@ -97,11 +97,16 @@ class Registry:
             live_services.add(service_id)
             backend = self._backend(service_id, service_type, url, credential)
             timeout = model_timeout or service_timeout or self._settings.backend_timeout
-            replica = Replica(service_id, service_name, service_type, backend, backend_name,
-                              frozenset(caps), text_limit, timeout, created)
-            previous = old_replicas.get((service_id, backend_name))
-            if previous is not None and previous.backend is backend:
-                replica.in_flight = previous.in_flight
+            replica = old_replicas.get((service_id, backend_name))
+            if replica is not None and replica.backend is backend:
+                # The same object, updated in place: requests in flight decrement the counter
+                # they incremented, so least-in-flight stays true across reloads.
+                replica.service_name, replica.service_type = service_name, service_type
+                replica.capabilities, replica.text_limit = frozenset(caps), text_limit
+                replica.timeout, replica.created = timeout, created
+            else:
+                replica = Replica(service_id, service_name, service_type, backend, backend_name,
+                                  frozenset(caps), text_limit, timeout, created)
             models.setdefault(public, ModelEntry(public)).replicas.append(replica)
         self._models = models
         for service_id in list(self._backends):

@@ -30,6 +30,9 @@ def check_url(url: str) -> str:
         valid = False
     if not valid or any(ord(c) <= 32 for c in url):  # spaces and control characters
         raise InvalidRequest(f"service url must be an http(s):// URL, not {url!r}")
+    if parts.username or parts.password:
+        # It would show in the status, the audit log and error messages: keys go in api_key.
+        raise InvalidRequest("a service url must not carry a user or password; give the key as api_key")
     return url.rstrip("/")
 
 

@@ -17,6 +17,7 @@ from app.services.catalog import model_kind
 from app.telemetry.observer import Observer
 from app.telemetry.record import RequestRecord
 from app.tenancy.principal import Principal
+from infra_adapters.base import BackendError
 
 TEST_PROJECT = "_test"
 TEST_PRINCIPAL = Principal(key_id=0, kind="project", key_prefix="", project_id=None, project_name=TEST_PROJECT,
@@ -63,7 +64,11 @@ async def _decision(forwarder: Forwarder, model: str, service_id: int, headers: 
     record.input_tokens, record.output_tokens = outcome.input_tokens, outcome.output_tokens
     if outcome.status != 200:
         return _failed(outcome.status, outcome.body)
-    answer = orjson.loads(outcome.body).get("answers", {}).get("test", {})
+    answers = _object(outcome.body).get("answers")
+    answer = answers.get("test") if isinstance(answers, dict) else None
+    if not isinstance(answer, dict):
+        return {"ok": False, "status": 200, "error": "the answer has no 'test' answer: "
+                + outcome.body.decode("utf-8", "replace")[:500]}
     return {"ok": True, "status": 200, "question": body["questions"]["test"]["instructions"],
             "choice": answer.get("choice"), "probabilities": answer.get("probabilities"),
             "confidence": answer.get("confidence")}
@@ -83,17 +88,27 @@ async def _other(chat: ChatForwarder, kind: str, model: str, service_id: int,
     answer = await chat.open(replicas, body, api, headers)
     try:
         payload = await answer.whole(model)
+    except BackendError as exc:
+        return {"ok": False, "status": 502, "error": f"the backend broke the connection ({type(exc).__name__})"}
     finally:
         await answer.close()
     if answer.status != 200:
         return _failed(answer.status, payload)
-    data = orjson.loads(payload)
+    data = _object(payload)
     if kind == "completion":
         reply = (data.get("choices") or [{}])[0].get("message", {}).get("content")
         return {"ok": True, "status": 200, "prompt": body["messages"][0]["content"], "reply": reply}
     vectors = data.get("embeddings") or [item.get("embedding") for item in data.get("data", [])]
     first = vectors[0] if vectors else []
     return {"ok": True, "status": 200, "dimensions": len(first or []), "head": (first or [])[:4]}
+
+
+def _object(body: bytes) -> dict[str, Any]:
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _failed(status: int, body: bytes) -> dict[str, Any]:

@@ -55,6 +55,8 @@ def log_request(record: RequestRecord, state: Any = None) -> None:
     }
     if record.error_type:
         fields["error_type"] = record.error_type
+    if record.metadata:
+        fields["metadata"] = record.metadata
     if state is not None:
         fields["state"] = state
     access.info("%s %s %s", record.operation, record.model, record.status, extra=fields)

@@ -23,6 +23,9 @@ class RequestRecord:
     output_tokens: int | None = None
     error_type: str | None = None
     at: dt.datetime | None = None
+    # Caller-supplied labels, logged as they came (an OpenAI decision's safety_identifier);
+    # never used to decide who the caller is.
+    metadata: dict[str, str] | None = None
 
     @property
     def overhead_seconds(self) -> float:

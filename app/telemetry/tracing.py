@@ -61,9 +61,14 @@ class Tracing:
         return self.tracer is not None
 
     def state_text(self, body: Any) -> str | None:
-        if not self._state or not isinstance(body, dict) or "state" not in body:
+        if not self._state or not isinstance(body, dict):
             return None
-        state = body["state"]
+        if "state" in body:
+            state = body["state"]
+        elif "input" in body:  # an OpenAI decision: its input is the state
+            state = body["input"]
+        else:
+            return None
         text = state if isinstance(state, str) else jsonbody.dumps(state).decode()
         encoded = text.encode()
         if len(encoded) > self._state_max:

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from sqlalchemy import case, func, insert, select
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session
 
 from app.db.models import Project, UsageRecord
@@ -17,6 +18,7 @@ from app.telemetry.record import RequestRecord
 
 log = logging.getLogger("arbiter.usage")
 BATCH = 5000
+MAX_PENDING = 500_000  # records held while the database is away (~250 MB); past it the oldest go
 
 
 class UsageLedger:
@@ -24,14 +26,19 @@ class UsageLedger:
         self._database = database
         self._pending: list[dict[str, Any]] = []
         self._lock = asyncio.Lock()
+        self.dropped = 0  # records given up: over MAX_PENDING during an outage, or unwritable
 
     def add(self, record: RequestRecord) -> None:
         if not record.billable or record.model is None:
             return
+        if len(self._pending) >= MAX_PENDING:
+            del self._pending[: len(self._pending) - MAX_PENDING + 1]
+            self.dropped += 1
+            log.error("usage buffer full while the database is away: dropped the oldest record")
         self._pending.append({
-            "at": record.at or dt.datetime.now(dt.UTC), "request_id": record.request_id,
+            "at": record.at or dt.datetime.now(dt.UTC), "request_id": record.request_id[:64],
             "project_id": record.project_id, "key_id": record.key_id or None,
-            "operation": record.operation, "model": record.model, "provider": record.provider,
+            "operation": record.operation, "model": record.model[:200], "provider": record.provider,
             "status": record.status, "input_tokens": record.input_tokens or 0,
             "output_tokens": record.output_tokens or 0, "latency_ms": round(record.seconds * 1000, 3),
         })
@@ -46,7 +53,11 @@ class UsageLedger:
                 batch, self._pending = self._pending[:BATCH], self._pending[BATCH:]
                 try:
                     await asyncio.to_thread(self._write, batch)
-                except Exception:  # keep the records and try again: usage is never dropped
+                except (DataError, IntegrityError):
+                    # Something in the batch cannot be stored at all: write row by row, so one bad
+                    # row never blocks every other record behind it.
+                    await asyncio.to_thread(self._write_one_by_one, batch)
+                except Exception:  # the database is away: keep the records and try again
                     log.exception("writing %d usage records failed; will retry", len(batch))
                     self._pending[:0] = batch
                     return
@@ -54,6 +65,15 @@ class UsageLedger:
     def _write(self, batch: list[dict[str, Any]]) -> None:
         with self._database.session() as session:
             session.execute(insert(UsageRecord), batch)
+
+    def _write_one_by_one(self, batch: list[dict[str, Any]]) -> None:
+        for row in batch:
+            try:
+                self._write([row])
+            except (DataError, IntegrityError) as exc:
+                self.dropped += 1
+                log.error("a usage record cannot be stored and is dropped (%s): %s", type(exc).__name__,
+                          {k: row[k] for k in ("request_id", "model", "status")})
 
     async def run(self, interval: float) -> None:
         while True:

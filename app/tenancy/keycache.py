@@ -1,7 +1,8 @@
 """The key cache: digest -> Principal, so a decision needs no database round trip.
 
-Entries live ``ttl`` seconds; a revocation, rotation or project change in this
-process drops them at once. A miss goes to the database in a worker thread.
+Entries live ``ttl`` seconds (unknown keys ``NEGATIVE_TTL``); a revocation, rotation, new
+key or project change drops them at once, here and (through the change bus) on every
+replica. A miss goes to the database in a worker thread.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from app.tenancy.principal import Principal
 
 Loader = Callable[[str], "Principal | None"]
 _MAX_ENTRIES = 100_000
+NEGATIVE_TTL = 2.0  # an unknown key is remembered briefly, so a flood of bogus keys is cheap
+LOOKUP_TIMEOUT = 5.0  # seconds a key lookup may take before the request is refused (503)
 log = logging.getLogger("arbiter.keys")
 
 
@@ -30,6 +33,7 @@ class KeyCache:
         self._ttl = ttl
         self._entries: dict[str, tuple[float, Principal | None]] = {}
         self._loading: dict[str, asyncio.Future[Principal | None]] = {}
+        self._generation = 0
 
     async def authenticate(self, authorization: str | None, kind: str) -> Principal:
         """The principal of a request's Authorization header, or AuthenticationFailed."""
@@ -63,24 +67,36 @@ class KeyCache:
             return await asyncio.shield(pending)
         future: asyncio.Future[Principal | None] = asyncio.get_running_loop().create_future()
         self._loading[digest] = future
+        generation = self._generation
         try:
-            principal = await asyncio.to_thread(self._loader, digest)
-        except SQLAlchemyError as exc:
+            principal = await asyncio.wait_for(asyncio.to_thread(self._loader, digest), LOOKUP_TIMEOUT)
+        except (SQLAlchemyError, TimeoutError) as exc:
             log.error("cannot look up an API key: the database is unavailable (%s)", type(exc).__name__)
             error = BackendFailed(503, "cannot verify the API key right now; try again shortly",
                                   retry_after=5)
-            future.set_exception(error)
-            future.exception()  # retrieved: no "never retrieved" warning when nobody waits
+            _fail(future, error)
             raise error from exc
+        except BaseException as exc:  # whatever it is, no one waiting on this lookup may hang
+            _fail(future, exc)
+            raise
         finally:
             self._loading.pop(digest, None)
         future.set_result(principal)
-        if principal is not None:
+        # A change (a revocation) made while this lookup ran may not be in what it read: do not
+        # cache an answer older than the latest invalidation.
+        if generation == self._generation:
             if len(self._entries) >= _MAX_ENTRIES:
                 self._entries.clear()
-            self._entries[digest] = (now + self._ttl, principal)
+            ttl = self._ttl if principal is not None else min(self._ttl, NEGATIVE_TTL)
+            self._entries[digest] = (now + ttl, principal)
         return principal
 
     def invalidate(self) -> None:
         """Drop every entry (a key or project changed)."""
+        self._generation += 1
         self._entries.clear()
+
+
+def _fail(future: asyncio.Future[Principal | None], error: BaseException) -> None:
+    future.set_exception(error)
+    future.exception()  # retrieved: no "never retrieved" warning when nobody waits

@@ -120,6 +120,8 @@ def create_key(session: Session, hasher: KeyHasher, actor: Actor, *, kind: str,
                project: str | None = None, name: str = "",
                expires_at: dt.datetime | None = None) -> tuple[ApiKey, str]:
     """A new key and its value (the only time the value exists outside the caller)."""
+    if name:
+        _check_name(name, "key")
     project_id = None
     if kind == "project":
         if not project:
@@ -284,6 +286,8 @@ def touch_keys(session: Session, last_used: dict[int, dt.datetime]) -> None:
 def _check_name(name: str, what: str) -> None:
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise InvalidRequest(f"a {what} name must be a non-empty string of at most 200 characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise InvalidRequest(f"a {what} name must not contain control characters")
 
 
 def _aware(value: dt.datetime | None) -> dt.datetime | None:

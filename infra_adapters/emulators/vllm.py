@@ -1,5 +1,6 @@
-"""A vLLM emulator: `/version`, `/health`, `/v1/models`, `/v1/systemone`, and
-`/v1/chat/completions` and `/v1/embeddings` (`vllm_openai`).
+"""A vLLM emulator: `/version`, `/health`, `/v1/models`, `/v1/systemone`,
+`/v1/chat/completions` and `/v1/embeddings` (`vllm_openai`), and OpenAI's
+`/v1/decisions` (`vllm_decisions`).
 
 A model's `task` option says what it serves: "generate" (chat and decisions)
 or "embed" (embeddings only; decisions are a 501 as for a model without a
@@ -30,6 +31,7 @@ from .recording import (
     recording_middleware,
 )
 from .server import serve_forever
+from .vllm_decisions import add_decisions_route
 from .vllm_openai import add_openai_routes
 from .vllm_state import (
     JSON,
@@ -321,6 +323,7 @@ def make_vllm_app(state: VllmState | None = None) -> web.Application:
     app.router.add_get("/v1/models", handle_models, allow_head=False)
     app.router.add_post("/v1/systemone", handle_systemone)
     add_openai_routes(app)
+    add_decisions_route(app)
     return app
 
 

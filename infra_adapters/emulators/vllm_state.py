@@ -42,6 +42,7 @@ class VllmState:
     required_bearer: str | None = None  # vLLM --api-key
     created: int = field(default_factory=lambda: int(time.time()))
     stream_delay: float = 0.0  # seconds between streamed chat chunks
+    openai_decisions: bool = True  # False: a vLLM that predates /v1/decisions (FastAPI's route 404)
 
     def options(self, model_id: str) -> dict[str, Any]:
         return {**default_model_options(), **self.models.get(model_id, {})}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -93,3 +94,32 @@ def test_every_replica_out_is_503_with_retry_after(two_replicas: Stack) -> None:
         response = client.post("/v1/systemone", json=decision())
     assert_error(response, 503)
     assert int(response.headers["retry-after"]) >= 1
+
+
+def test_a_replica_that_cannot_answer_decisions_fails_over(two_replicas: Stack) -> None:
+    """SPEC §1: 405 only when every holder of the model cannot answer decisions."""
+    states = two_replicas.extra["states"]
+    states[0].version = "0.34.9"  # downgraded after install: its /v1/systemone is gone
+    with two_replicas.client() as client:
+        assert all(client.post("/v1/systemone", json=decision()).status_code == 200 for _ in range(6))
+        states[1].version = "0.34.9"
+        for _ in range(3):  # not backed off: a steady 405, never a 503
+            assert_error(client.post("/v1/systemone", json=decision()), 405, "unsupported_error")
+
+
+def test_in_flight_counts_survive_registry_reloads(two_replicas: Stack) -> None:
+    """Replicas are updated in place on reload, so a request in flight during one ends at zero."""
+    states = two_replicas.extra["states"]
+    for state in states:
+        state.faults.latency = 0.3
+    gateway = two_replicas.gateway
+    loop = gateway.app.components.loop
+    import asyncio
+
+    with two_replicas.client() as client, ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(client.post, "/v1/systemone", json=decision()) for _ in range(6)]
+        time.sleep(0.1)
+        asyncio.run_coroutine_threadsafe(gateway.app.components.registry.reload(), loop).result(5)
+        assert all(f.result().status_code == 200 for f in futures)
+    replicas = gateway.app.components.registry.get("nimble").replicas
+    assert [r.in_flight for r in replicas] == [0, 0]

@@ -27,7 +27,7 @@ def test_every_request_is_recorded_with_tokens_status_and_latency(stack: Stack) 
     stack.gateway.stop()  # a clean shutdown flushes what is pending
     with stack.db.session() as session:
         rows = list(session.scalars(select(UsageRecord).order_by(UsageRecord.id)))
-    assert [(r.model, r.status) for r in rows] == [("nimble", 200)] * 3 + [("ghost", 404), ("clef", 200)]
+    assert [(r.model, r.status) for r in rows] == [("nimble", 200)] * 3 + [("_unknown", 404), ("clef", 200)]
     assert [r.input_tokens for r in rows[:3]] == [u["input_tokens"] for u in usages]
     assert all(r.key_id is not None and r.project_id is not None and r.latency_ms > 0 for r in rows)
     assert rows[3].input_tokens == 0
@@ -77,3 +77,19 @@ def test_chat_is_recorded_too(stack: Stack) -> None:
     with stack.db.session() as session:
         row: Any = session.scalar(select(UsageRecord))
     assert (row.operation, row.model, row.status) == ("chat", "llama3.2", 200)
+
+
+def test_made_up_model_names_never_reach_the_ledger_or_metrics(stack: Stack) -> None:
+    """A 403/404 for any name a caller sends is billed as `_unknown`: a 10,000-character name
+    must not block the ledger (PostgreSQL's column is 200) or create a metric series."""
+    narrow = stack.new_project("narrow", models=["clef"])
+    long_name = "m" * 10_000
+    with stack.gateway.client(narrow) as client:
+        assert client.post("/v1/systemone", json=decision(long_name)).status_code == 403
+    with stack.client() as client:
+        assert client.post("/v1/systemone", json=decision(long_name)).status_code == 404
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+    stack.gateway.stop()
+    with stack.db.session() as session:
+        models = list(session.scalars(select(UsageRecord.model).order_by(UsageRecord.id)))
+    assert models == ["_unknown", "_unknown", "nimble"]

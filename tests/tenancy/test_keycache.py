@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import pytest
 from sqlalchemy.exc import OperationalError
@@ -75,3 +76,59 @@ def test_unknown_keys_are_never_cached_as_valid() -> None:
     cache = KeyCache(HASHER, lambda _d: None, ttl=60)
     with pytest.raises(AuthenticationFailed):
         asyncio.run(cache.authenticate(f"Bearer {KEY}", "project"))
+
+
+def test_a_lookup_that_raced_a_revocation_is_not_cached() -> None:
+    """The lookup read the row before the revoke, finished after it: its answer is stale."""
+    calls = 0
+
+    async def scenario() -> int:
+        nonlocal calls
+        cache: KeyCache
+
+        def loader(_digest: str) -> Principal:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                time.sleep(0.2)  # the revocation lands while this reads
+            return principal()
+
+        cache = KeyCache(HASHER, loader, ttl=60)
+        first = asyncio.ensure_future(cache.authenticate(f"Bearer {KEY}", "project"))
+        await asyncio.sleep(0.05)
+        cache.invalidate()
+        await first
+        await cache.authenticate(f"Bearer {KEY}", "project")
+        return calls
+
+    assert asyncio.run(scenario()) == 2  # the second request read again
+
+
+def test_waiters_are_released_whatever_the_loader_raises() -> None:
+    def loader(_digest: str) -> Principal:
+        time.sleep(0.1)
+        raise RuntimeError("interpreter shutting down")
+
+    async def burst() -> list[Any]:
+        cache = KeyCache(HASHER, loader, ttl=60)
+        return await asyncio.wait_for(asyncio.gather(
+            *(cache.authenticate(f"Bearer {KEY}", "project") for _ in range(3)), return_exceptions=True), 5)
+
+    assert all(isinstance(result, RuntimeError) for result in asyncio.run(burst()))
+
+
+def test_unknown_keys_are_remembered_briefly() -> None:
+    calls = 0
+
+    def loader(_digest: str) -> None:
+        nonlocal calls
+        calls += 1
+
+    async def flood() -> None:
+        cache = KeyCache(HASHER, loader, ttl=60)
+        for _ in range(50):
+            with pytest.raises(AuthenticationFailed):
+                await cache.authenticate(f"Bearer {KEY}", "project")
+
+    asyncio.run(flood())
+    assert calls == 1

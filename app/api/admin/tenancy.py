@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
 from app import audit
@@ -115,6 +115,6 @@ async def rotate_key(key_id: int, body: KeyRotate, actor: AdminDep, c: Component
 
 @router.get("/audit")
 async def audit_log(_actor: AdminDep, c: ComponentsDep, limit: int = 100,
-                    before_id: int | None = None) -> dict[str, Any]:
+                    before_id: Annotated[int | None, Query(ge=1, le=2**62)] = None) -> dict[str, Any]:
     limit = max(1, min(limit, 1000))
     return {"data": await c.in_session(lambda s: audit.entries(s, limit=limit, before_id=before_id))}

@@ -10,7 +10,7 @@ from app.api.asgi import Receive, Scope, Send, send_bytes, send_error
 from app.api.public.intake import take
 from app.chat.forward import ChatForwarder
 from app.decisions import jsonbody
-from app.errors import ArbiterError
+from app.errors import ArbiterError, BackendFailed
 from app.settings import Settings
 from app.telemetry.observer import Observer
 from app.telemetry.record import RequestRecord
@@ -54,18 +54,25 @@ class ChatRoute:
             replicas = self.forwarder.check(principal, body, api)
             record.model = body["model"]
             await self.forwarder.admit(principal)
-            answer = await self.forwarder.open(replicas, body, api, headers)
+            answer = await self.forwarder.open(replicas, body, api, headers, principal)
         except ArbiterError as error:
             record.status, record.error_type = error.status, error.error_type
             await send_error(send, error)
+            return
+        except Exception:
+            log.exception("unexpected error in a chat request")
+            record.status, record.error_type = 500, "internal_error"
+            await send_error(send, ArbiterError("internal error; the request id is in X-Request-Id"))
             return
         record.status, record.provider = answer.status, answer.replica.provider
         try:
             if answer.is_json or answer.status != 200:
                 try:
                     payload = await answer.whole(body["model"])
-                except BackendError:
-                    await send_error(send, ArbiterError("the backend broke the connection"))
+                except BackendError as exc:
+                    record.status, record.error_type = 502, "backend_error"
+                    await send_error(send, BackendFailed(502, f"the backend of model '{record.model}' broke "
+                                                              f"the connection ({type(exc).__name__})"))
                     return
                 await send_bytes(send, answer.status, payload, answer.content_type)
                 return

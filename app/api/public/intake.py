@@ -6,6 +6,7 @@ was not read) and the route gets None.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from app.api.asgi import Receive, Scope, Send, header_map, send_error
@@ -18,6 +19,8 @@ from app.tenancy.principal import Principal
 _HEADERS = frozenset({b"authorization", b"content-length", b"content-encoding", b"traceparent",
                       b"tracestate"})
 _PROPAGATED = ("traceparent", "tracestate")
+# Sends an error in a route's error shape: ``(send, error, close=...)``.
+ErrorSender = Callable[..., Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -34,7 +37,8 @@ class Intake:
                              key_id=principal.key_id)
 
 
-async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_body: int) -> Intake | None:
+async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_body: int,
+               send_error: ErrorSender = send_error) -> Intake | None:
     headers = header_map(scope, _HEADERS)
     try:
         principal = await keys.authenticate(headers.get("authorization"), "project")

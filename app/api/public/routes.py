@@ -3,6 +3,7 @@ shape of /v1/systemone, whose POST is taken by the lean route before FastAPI see
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import APIRouter
@@ -14,6 +15,7 @@ from app.api.deps import ComponentsDep, ProjectDep
 from app.db import migrate
 
 router = APIRouter()
+log = logging.getLogger("arbiter.api")
 
 
 @router.get("/v1/models")
@@ -43,8 +45,11 @@ async def readyz(components: ComponentsDep) -> JSONResponse:
     try:
         await components.in_session(lambda _s: check())
     except (SQLAlchemyError, migrate.NotMigrated, OSError) as exc:
-        return JSONResponse({"status": "not ready", "reason": type(exc).__name__ + ": " + str(exc)[:200]},
-                            status_code=503)
+        # Unauthenticated: say what kind of failure, never hosts, users or SQL (those go to the log).
+        log.warning("not ready: %s", exc)
+        reason = ("the database is behind the code's migrations; run arbiter migrate"
+                  if isinstance(exc, migrate.NotMigrated) else f"the database is unavailable ({type(exc).__name__})")
+        return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
     answer: dict[str, Any] = {"status": "ready"}
     if components.redis is not None:
         # Reported, not failed on: every replica shares the one Redis, so failing readiness would

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
-from app.api.asgi import Receive, Scope, Send, send_bytes, send_error
+from app.api import asgi
+from app.api.asgi import Receive, Scope, Send, send_bytes
 from app.api.public.intake import take
 from app.decisions import jsonbody, schema
-from app.decisions.forward import Forwarder
+from app.decisions.forward import Forwarder, Outcome
+from app.decisions.schema import DecisionRequest
 from app.errors import ArbiterError
 from app.settings import Settings
 from app.telemetry.observer import Observer
+from app.telemetry.record import RequestRecord
 from app.telemetry.tracing import Tracing, annotate, current_span
 from app.tenancy.keycache import KeyCache
 from app.tenancy.touches import KeyTouches
@@ -25,6 +29,9 @@ log = logging.getLogger("arbiter.decisions")
 
 
 class SystemOneRoute:
+    """The decision route. A subclass speaks another dialect of it (``OpenAIDecisionsRoute``) by
+    overriding ``send_error``, ``prepare``, ``reply`` and ``logged``."""
+
     def __init__(self, keys: KeyCache, forwarder: Forwarder, touches: KeyTouches, observer: Observer,
                  tracing: Tracing, settings: Settings) -> None:
         self.tracing = tracing
@@ -36,7 +43,7 @@ class SystemOneRoute:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        intake = await take(scope, receive, send, self.keys, self.max_body)
+        intake = await take(scope, receive, send, self.keys, self.max_body, self.send_error)
         if intake is None:
             return
         principal = intake.principal
@@ -45,8 +52,7 @@ class SystemOneRoute:
         error: ArbiterError | None = None
         try:
             body = jsonbody.loads(intake.raw)
-            request = schema.validate(body)
-            record.model = request.model
+            request = self.prepare(body, record)
             outcome = await self.forwarder.decide(principal, body, request, len(intake.raw),
                                                   intake.forward_headers)
         except ArbiterError as exc:
@@ -67,10 +73,26 @@ class SystemOneRoute:
                      state=self.tracing.state_text(body), error_type=record.error_type)
         try:
             if error is not None:
-                await send_error(send, error)
+                await self.send_error(send, error)
             else:
-                await send_bytes(send, outcome.status, outcome.body, outcome.content_type)
+                await self.reply(send, outcome)
         finally:
             record.seconds = time.perf_counter() - started
             self.touches.touch(principal.key_id)
-            self.observer.finish(record, body)
+            self.observer.finish(record, self.logged(body))
+
+    async def send_error(self, send: Send, error: ArbiterError, *, close: bool = False) -> None:
+        await asgi.send_error(send, error, close=close)
+
+    def prepare(self, body: Any, record: RequestRecord) -> DecisionRequest:
+        """Validate the parsed body (ValidationFailed, 400) and note the model on the record."""
+        request = schema.validate(body)
+        record.model = request.model
+        return request
+
+    async def reply(self, send: Send, outcome: Outcome) -> None:
+        await send_bytes(send, outcome.status, outcome.body, outcome.content_type)
+
+    def logged(self, body: Any) -> Any:
+        """What payload logging sees (its ``state``)."""
+        return body

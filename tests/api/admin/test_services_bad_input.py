@@ -217,3 +217,10 @@ def test_wrong_methods_and_unknown_routes(admin: httpx.Client) -> None:
     assert set(wrong.headers["allow"].split(", ")) == {"GET", "PATCH", "DELETE"}
     assert_error(admin.get("/admin/installs/1/cancel"), 405, "method_not_allowed")
     assert_error(admin.post("/admin/services/ollama/reboot"), 404)
+
+
+def test_a_service_url_with_credentials_is_refused(stack: Any) -> None:
+    with stack.client("admin") as admin:
+        response = admin.post("/admin/services", json={"type": "vllm", "url": "http://user:secret@127.0.0.1:9/"})
+    error = assert_error(response, 400)
+    assert "secret" not in response.text and "api_key" in error["error"]

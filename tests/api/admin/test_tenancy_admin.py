@@ -378,3 +378,11 @@ def test_key_ids_out_of_range_are_404(stack: Stack) -> None:
     with stack.client("admin") as admin:
         for path in ("/admin/keys/100000000000000000000/revoke", "/admin/keys/0/revoke", "/admin/keys/-5/rotate"):
             assert_error(admin.post(path, json={}), 404)
+
+
+def test_control_characters_in_names_are_400(stack: Stack) -> None:
+    with stack.client("admin") as admin:
+        for path, body in (("/admin/organizations", {"name": "a\x00b"}), ("/admin/projects", {"name": "p\x00"}),
+                           ("/admin/projects/acme/keys", {"name": "k\x00"})):
+            response = admin.post(path, json=body)
+            assert_error(response, 400)

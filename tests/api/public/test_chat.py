@@ -161,3 +161,31 @@ def test_vllm_chat(stack: Stack, vllm: tuple[EmulatorServer, VllmState]) -> None
     assert "/v1/chat/completions" in refused["error"]
     assert [r.path for r in state.requests if r.path.startswith(("/v1/chat", "/api/chat"))] == [
         "/v1/chat/completions", "/v1/chat/completions"]
+
+
+def test_remote_media_in_chat_messages_is_refused(stack: Stack) -> None:
+    messages = [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data/"}}]}]
+    with stack.client() as client:
+        response = client.post("/v1/chat/completions", json={"model": "llama3.2", "messages": messages})
+        ollama_style = client.post("/api/chat", json={"model": "llama3.2", "messages": [
+            {"role": "user", "content": "hi", "images": ["HTTPS://example.com/cat.png"]}]})
+    assert "remote media" in assert_error(response, 400)["error"]
+    assert_error(ollama_style, 400)
+    assert not [r for r in stack.ollama_state.requests if "chat" in r.path]
+
+
+def test_chat_to_vllm_carries_the_projects_cache_salt(db: Any, vllm: Any, gateway_factory: Any) -> None:
+    server, state = vllm
+    built = Stack.provision(db, vllm_url=server.url)
+    built.gateway = gateway_factory()
+    chat = {"model": "Qwen/Qwen3-0.6B", "messages": [{"role": "user", "content": "hi"}]}
+    with built.client() as client:
+        assert client.post("/v1/chat/completions", json=chat).status_code == 200
+        assert client.post("/v1/chat/completions", json={**chat, "cache_salt": "mine"}).status_code == 200
+        assert client.post("/v1/systemone", json={"model": "Qwen/Qwen3-0.6B", "state": "s",
+                                                  "questions": {"q": {"type": "noul"}}}).status_code == 200
+    salts = [r.json.get("cache_salt") for r in state.requests if r.path in ("/v1/chat/completions", "/v1/systemone")]
+    assert salts[0] and salts[0] == salts[2]  # one salt per project, chat and decisions alike
+    assert salts[1] not in (None, "mine", salts[0])  # the caller's salt is combined, never trusted

@@ -204,3 +204,18 @@ def test_ollama_python_client(stack: Stack) -> None:
         ollama.Client(host=stack.gateway.url, headers={"Authorization": "Bearer arb_proj_nope"}).systemone(
             model="nimble", state="x", questions={"q": {"type": "noul", "instructions": "?"}})
     assert info.value.status_code == 401
+
+
+def test_a_backend_redirect_is_not_followed(stack: Stack) -> None:
+    """Following it would re-send the tenant's body to a URL of the backend's choosing."""
+    from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
+
+    elsewhere = OllamaState()
+    with EmulatorServer(make_ollama_app(elsewhere)) as other:
+        stack.ollama_state.faults.status = 307
+        stack.ollama_state.faults.body = b""
+        stack.ollama_state.faults.headers = {"Location": other.url + "/v1/systemone"}
+        with stack.client() as client:
+            response = client.post("/v1/systemone", json=decision())
+    assert response.status_code == 307
+    assert not [r for r in elsewhere.requests if r.path == "/v1/systemone"]

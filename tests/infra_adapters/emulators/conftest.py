@@ -114,5 +114,6 @@ def _reset_vllm(state: VllmState) -> None:
     state.models = default_vllm_models()
     state.required_bearer = None
     state.stream_delay = 0.0
+    state.openai_decisions = True
     state.faults.reset()
     state.requests.clear()

@@ -1,0 +1,24 @@
+"""The per-project prefix-cache salt sent to vLLM (SPEC §1): one tenant cannot time another's
+prompts through a shared prefix cache. A caller's own salt is combined with it, never trusted."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+from app.settings import Settings
+
+
+class TenantSalts:
+    def __init__(self, settings: Settings) -> None:
+        secret = next((s.get_secret_value() for s in (settings.secret_key, settings.key_pepper) if s), "")
+        self._key = hashlib.sha256(b"arbiter-cache-salt:" + secret.encode()).digest()
+        self._cache: dict[int | None, str] = {}
+
+    def of(self, project_id: int | None) -> str:
+        salt = self._cache.get(project_id)
+        if salt is None:
+            salt = hmac.new(self._key, str(project_id).encode(), hashlib.sha256).hexdigest()
+            if len(self._cache) < 100_000:
+                self._cache[project_id] = salt
+        return salt

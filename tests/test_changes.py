@@ -1,0 +1,44 @@
+"""Change notifications between replicas (Redis pub/sub): a failing handler does not stop them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+import redis.asyncio
+
+from app.changes import ChangeBus
+
+REDIS = "redis://127.0.0.1:6379/13"
+
+
+def test_a_failing_handler_does_not_stop_the_listener() -> None:
+    try:
+        redis.Redis.from_url(REDIS, socket_timeout=1).ping()
+    except redis.RedisError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+        listener_client = redis.asyncio.from_url(REDIS)
+        sender_client = redis.asyncio.from_url(REDIS)
+        listener, sender = ChangeBus(listener_client), ChangeBus(sender_client)
+
+        async def keys() -> None:
+            seen.append("keys")
+            if len(seen) == 1:
+                raise RuntimeError("the database is away")
+
+        task = asyncio.create_task(listener.listen({"keys": keys}))
+        await asyncio.sleep(0.3)
+        for _ in range(3):
+            await sender.publish("keys")
+            await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await listener_client.aclose()
+        await sender_client.aclose()
+        return seen
+
+    assert asyncio.run(scenario()) == ["keys", "keys", "keys"]
