@@ -3,7 +3,8 @@
 A model's `task` option decides which it serves: "generate" models chat (SSE
 when `"stream": true`, paced by `VllmState.stream_delay`), "embed" models give
 embeddings; the other endpoint is a 400 worded as vLLM words it. Both go
-through `faults.respond`; errors have vLLM's `{"error": {..., "code": status}}`.
+through `faults.respond`; a chat with `logprobs` answers the first token's
+logprobs (`logprobs_chat`, for label reading); errors have vLLM's `{"error": {..., "code": status}}`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from aiohttp import web
 from .answers import count_tokens
 from .faults import faulty_route
 from .generation import prompt_tokens
+from .logprobs_chat import logprobs_body, wants_logprobs
 from .openai_compat import (
     SSE_CONTENT_TYPE,
     Problem,
@@ -52,12 +54,17 @@ def _too_long(limit: int, tokens: int, what: str) -> VllmError:
 
 async def chat(request: web.Request, state: VllmState) -> web.StreamResponse:
     try:
-        chat_req = chat_request(read_payload(await request.read()))
+        payload = read_payload(await request.read())
+        chat_req = chat_request(payload)
         model = resolve_model(state, chat_req.model, "generate")
         limit = int(state.options(model)["max_model_len"])
         tokens = prompt_tokens(chat_req.messages)
         if tokens + 1 > limit:
             raise _too_long(limit, tokens, "input messages")
+        if wants_logprobs(payload) and not chat_req.stream:
+            body = logprobs_body(model, payload, chat_req.messages, label_mass=state.label_mass,
+                                 space_share=state.label_space_share)
+            return json_response(body, content_type=JSON)
     except Problem as exc:
         return VllmError(exc.message, exc.status, param=exc.param).response()
     except VllmError as exc:

@@ -42,6 +42,8 @@ class VllmState:
     required_bearer: str | None = None  # vLLM --api-key
     created: int = field(default_factory=lambda: int(time.time()))
     stream_delay: float = 0.0  # seconds between streamed chat chunks
+    label_mass: float = 0.9  # chat with logprobs: the probability on the labels (logprobs_chat)
+    label_space_share: float = 0.0  # of each label's probability, the share on its " X" variant
     openai_decisions: bool = True  # False: a vLLM that predates /v1/decisions (FastAPI's route 404)
 
     def options(self, model_id: str) -> dict[str, Any]:

@@ -115,5 +115,7 @@ def _reset_vllm(state: VllmState) -> None:
     state.required_bearer = None
     state.stream_delay = 0.0
     state.openai_decisions = True
+    state.label_mass = 0.9
+    state.label_space_share = 0.0
     state.faults.reset()
     state.requests.clear()

@@ -1,0 +1,137 @@
+"""First-token logprobs of labels over an OpenAI-compatible `/v1/chat/completions`.
+
+The reader behind label reading (``app.decisions.labels``): one call per
+question, ``max_tokens: 1`` at temperature 0 with ``logprobs`` and
+``top_logprobs: 20``, thinking off, and the assistant's reply prefilled so the
+label is the very next token (``continue_final_message`` with
+``add_generation_prompt: false``, as vLLM takes them).
+
+``top_logprobs`` reports the distribution before any mask and is capped at 20,
+so labels can fall out of it. Where the model's label token ids are known they
+are sent as vLLM's ``logprob_token_ids`` (their logprobs come back whatever
+their rank, in the first position's ``logprob_token_ids`` list) and as
+``allowed_token_ids`` (a guard: the one generated token is then a label).
+Leading-space variants of a label (`` A``, ``ĠA``, ``▁A``) found in
+``top_logprobs`` count towards that label. A label read neither way is left
+out of ``logprobs``: the caller refuses the question, since it cannot be read
+exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from infra_adapters.base import BackendProtocolError, CallOptions
+from infra_adapters.http import HttpBackendBase
+
+__all__ = ["TOP_LOGPROBS", "FirstTokenRead", "OpenAILogprobsReader", "parse_first_token"]
+
+TOP_LOGPROBS = 20  # the most OpenAI-compatible servers report
+SPACE_MARKS = " Ġ▁"  # a leading space as tokenizers spell it (plain, GPT-2 BPE, SentencePiece)
+CHAT_PATH = "/v1/chat/completions"
+FLOOR = -9999.0  # vLLM's logprob for a token it cannot rank
+
+
+@dataclass(frozen=True, slots=True)
+class FirstTokenRead:
+    """One read (``app.decisions.labels.LabelRead``)."""
+
+    logprobs: dict[str, float]
+    label_mass: float
+    input_tokens: int
+    argmax_is_label: bool
+
+
+def _logsumexp(values: Sequence[float]) -> float:
+    top = max(values)
+    return top + math.log(math.fsum(math.exp(v - top) for v in values))
+
+
+class OpenAILogprobsReader(HttpBackendBase):
+    """Reads label logprobs for one model of an OpenAI-compatible backend.
+
+    ``vllm``: send vLLM's extras (``continue_final_message``, ``add_generation_prompt``,
+    ``chat_template_kwargs``, ``logprob_token_ids``, ``allowed_token_ids``, ``cache_salt``).
+    """
+
+    kind = "openai-logprobs"
+
+    def __init__(self, url: str, model: str, options: CallOptions, *, vllm: bool = True,
+                 credential: str | None = None, **kwargs: Any) -> None:
+        super().__init__(url, credential=credential, **kwargs)
+        self.model = model
+        self.options = options
+        self.vllm = vllm
+
+    def request_body(self, messages: list[dict[str, Any]],
+                     token_ids: Sequence[int] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": TOP_LOGPROBS,
+            "stream": False,
+        }
+        if self.vllm:
+            body.update(continue_final_message=True, add_generation_prompt=False,
+                        chat_template_kwargs={"enable_thinking": False})
+            if token_ids:
+                body["logprob_token_ids"] = list(token_ids)
+                body["allowed_token_ids"] = list(token_ids)
+            if self.options.tenant_salt:
+                body["cache_salt"] = self.options.tenant_salt
+        return body
+
+    async def read(self, messages: list[dict[str, Any]], labels: Sequence[str],
+                   token_ids: Sequence[int] | None = None) -> FirstTokenRead:
+        reply = await self._post(CHAT_PATH, self.request_body(messages, token_ids), self.options)
+        where = f"{self.url}{CHAT_PATH}"
+        try:
+            answer = orjson.loads(reply.body)
+        except orjson.JSONDecodeError as exc:
+            raise BackendProtocolError(f"{where} answered something that is not JSON") from exc
+        if reply.status != 200:
+            message = answer.get("error", {}).get("message") if isinstance(answer, dict) else None
+            raise BackendProtocolError(f"{where} answered HTTP {reply.status}"
+                                       + (f": {message}" if isinstance(message, str) else ""))
+        try:
+            first = answer["choices"][0]["logprobs"]["content"][0]
+            prompt_tokens = int(answer.get("usage", {}).get("prompt_tokens", 0))
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise BackendProtocolError(f"{where} answered without the first token's logprobs") from exc
+        return parse_first_token(first, labels, token_ids, prompt_tokens)
+
+
+def parse_first_token(first: dict[str, Any], labels: Sequence[str], token_ids: Sequence[int] | None,
+                      input_tokens: int) -> FirstTokenRead:
+    """The labels' logprobs from the first position of an OpenAI ``logprobs.content``."""
+    by_id: dict[int, float] = {}
+    for entry in first.get("logprob_token_ids") or ():
+        by_id[int(entry["token_id"])] = float(entry["logprob"])
+    seen: dict[str, float] = {}  # token text -> logprob; the generated token and the top list
+    for entry in [first, *(first.get("top_logprobs") or ())]:
+        token = entry.get("token")
+        if isinstance(token, str) and token not in seen:
+            seen[token] = float(entry["logprob"])
+    logprobs: dict[str, float] = {}
+    for i, label in enumerate(labels):
+        parts: list[float] = []
+        if token_ids is not None and token_ids[i] in by_id:
+            parts.append(by_id[token_ids[i]])
+        elif (token_ids is None or not by_id) and label in seen:  # a backend without logprob_token_ids
+            parts.append(seen[label])
+        parts += [lp for token, lp in seen.items() if token != label and token.lstrip(SPACE_MARKS) == label]
+        if parts:  # -inf (or NaN) as vLLM's floor, so the softmax stays defined
+            logprobs[label] = _logsumexp([p if p >= FLOOR else FLOOR for p in parts])  # noqa: FURB136 (NaN)
+    label_mass = math.fsum(math.exp(lp) for lp in logprobs.values())
+    top_token = max(seen.items(), key=lambda item: item[1])[0] if seen else None
+    argmax_is_label = top_token is not None and top_token.lstrip(SPACE_MARKS) in labels
+    return FirstTokenRead(logprobs=logprobs, label_mass=min(1.0, label_mass),
+                          input_tokens=input_tokens, argmax_is_label=argmax_is_label)
