@@ -168,7 +168,7 @@ def _stdev(values: list[float]) -> float:
 
 async def main_async(args: argparse.Namespace, body: bytes) -> dict[str, Any]:
     request = json.loads(body)
-    model, questions = request["model"], list(request["questions"])
+    model, questions = args.expect_model or request["model"], list(request["questions"])
     headers = parse_headers(args.header)
     concurrency = args.concurrency
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency,
@@ -224,6 +224,8 @@ def main() -> int:
     parser.add_argument("--handshake", action="store_true",
                         help="print a 'warm' event after warm-up and wait for a stdin line")
     parser.add_argument("--no-uvloop", action="store_true", help="use asyncio's default loop")
+    parser.add_argument("--expect-model", default=None,
+                        help="the `model` the answers must carry (default: the request's model)")
     args = parser.parse_args()
     if args.requests < 1 or args.concurrency < 1:
         parser.error("--requests and --concurrency must be at least 1")

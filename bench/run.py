@@ -1,21 +1,32 @@
-"""Benchmark Arbiter's decision hot path against the Ollama emulator it fronts.
+"""Benchmark the decision hot path: the Ollama emulator direct, Arbiter, and the LiteLLM proxy.
 
-    .venv/bin/python bench/run.py [--quick] [--requests N] [--concurrency 1,32]
+    .venv/bin/python bench/run.py [--quick] [--requests N] [--concurrency 1,64] [--no-litellm]
+    .venv/bin/python bench/run.py --soak 100000
 
-Sets up a throw-away deployment in a temp dir (SQLite, the Ollama emulator and
-one `arbiter serve` process with one worker, each on a free loopback port),
-provisions a service, a project and a key through the CLI, then, for each
-concurrency, runs the load generator (bench/load.py, its own process) twice:
-straight at the emulator (the floor) and through Arbiter. Prints a table and
-writes bench/results/latest.json. See bench/README.md for how to read it.
+Sets up a throw-away deployment in a temp dir (SQLite, the Ollama emulator, one
+`arbiter serve` process with one worker, and a LiteLLM proxy with one worker, each
+on a free loopback port), provisions a service, a project and a key on Arbiter
+through the CLI, then, for each concurrency, runs the load generator
+(bench/load.py, its own process) three times with the same System One request:
+straight at the emulator (the floor), through Arbiter, and through LiteLLM. Prints
+a per-cell table and a side-by-side summary and writes bench/results/latest.json.
+LiteLLM lives in its own virtualenv, bench/.litellm-venv, created on first use
+from bench/litellm-requirements.txt.
+
+`--soak N` sends N requests through Arbiter at concurrency 32 instead and samples
+Arbiter's resident memory every few seconds (bench/results/soak-latest.json).
+See bench/README.md for how to read every figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
+import secrets
+import select
 import shutil
 import signal
 import socket
@@ -34,11 +45,21 @@ ROOT = BENCH.parent
 VENV_BIN = Path(sys.executable).parent
 ARBITER = VENV_BIN / "arbiter"
 RESULTS = BENCH / "results"
+LITELLM_VENV = BENCH / ".litellm-venv"
+LITELLM_REQUIREMENTS = BENCH / "litellm-requirements.txt"
+LITELLM_STAMP = LITELLM_VENV / ".bench-requirements.sha256"
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DIRECT_MODEL = "nimble:latest"  # the emulator's own name for the model
-GATEWAY_MODEL = "nimble"  # its public name on Arbiter
+GATEWAY_MODEL = "nimble"  # its public name on Arbiter and on LiteLLM
 PROJECT = "bench"
+TARGETS = ("direct", "arbiter", "litellm")
+GATEWAYS = ("arbiter", "litellm")
+WORKERS = {"arbiter": 1, "litellm": 1}  # worker processes each gateway runs
+SOAK_CONCURRENCY = 32
+SOAK_TARGET_MB = 50.0
+QUIET_UTIL = 0.10  # "idle": the machine uses under 10% of a core
+BUSY_CELL_UTIL = 0.15  # a cell during which others used more than this is rerun
 
 # A realistic decision request: a ~1 KB support ticket and three typed questions.
 TICKET_MESSAGE = (
@@ -81,10 +102,11 @@ def request_body(model: str) -> bytes:
                       separators=(",", ":"), ensure_ascii=False).encode()
 
 
+
 # -- processes ------------------------------------------------------------------------
 
 class Cluster:
-    """The emulator, Arbiter and whichever load generator is running; stopped in `close`."""
+    """The servers and whichever load generator is running; all stopped in `close`."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -95,6 +117,9 @@ class Cluster:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.emulator_port = free_port()
         self.arbiter_port = free_port()
+        self.litellm_port = free_port()
+        self.arbiter_key = ""
+        self.litellm_key = "sk-bench-" + secrets.token_hex(16)
 
     def cli(self, *args: str) -> str:
         done = subprocess.run([str(ARBITER), *args], check=False, env=self.env,
@@ -104,11 +129,12 @@ class Cluster:
                                f"{done.stdout}{done.stderr}")
         return done.stdout
 
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def start(self, name: str, argv: list[str],
+              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the dir
         # A session of its own: a Ctrl-C reaches only us, and `close` stops the servers
-        # in order (Arbiter first, so it can flush its batched writes).
-        proc = subprocess.Popen([str(ARBITER), *args], env=self.env, cwd=self.workdir,
+        # in order (Arbiter first, so it can flush its batched writes), then their groups.
+        proc = subprocess.Popen(argv, env=env or self.env, cwd=self.workdir,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[name] = proc
         return proc
@@ -121,20 +147,30 @@ class Cluster:
 
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
-            if proc.poll() is not None:
+            if name != "loadgen" and proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
 
+    def servers(self) -> dict[str, int]:
+        return {name: p.pid for name, p in self.procs.items() if name != "loadgen"}
+
     def close(self) -> None:
-        for name in ("loadgen", "arbiter", "emulator"):
+        for name in ("loadgen", "arbiter", "litellm", "emulator"):
             proc = self.procs.pop(name, None)
-            if proc is None or proc.poll() is not None:
+            if proc is None:
                 continue
-            proc.send_signal(signal.SIGINT if name == "loadgen" else signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT if name == "loadgen" else signal.SIGTERM)
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=5)
+            if name != "loadgen":
+                # Whatever the server forked is in its own process group: end it too.
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
 
 def free_port() -> int:
@@ -144,27 +180,95 @@ def free_port() -> int:
 
 
 def wait_http(cluster: Cluster, url: str, what: str, timeout: float = 30.0,
-              data: bytes | None = None, headers: dict[str, str] | None = None) -> None:
+              data: bytes | None = None, headers: dict[str, str] | None = None) -> bytes:
     deadline = time.monotonic() + timeout
     last = "no answer"
     while time.monotonic() < deadline:
         cluster.check_alive()
         request = urllib.request.Request(url, data=data, headers=headers or {})
         try:
-            with urllib.request.urlopen(request, timeout=2) as response:
+            with urllib.request.urlopen(request, timeout=5) as response:
                 if response.status == 200:
-                    return
+                    return bytes(response.read())
                 last = f"HTTP {response.status}"
         except urllib.error.HTTPError as exc:
-            last = f"HTTP {exc.code}: {exc.read()[:200]!r}"
+            last = f"HTTP {exc.code}: {exc.read()[:300]!r}"
         except OSError as exc:
             last = repr(exc)
-        time.sleep(0.1)
+        time.sleep(0.2)
     raise RuntimeError(f"{what} not ready after {timeout:.0f}s ({last})")
 
 
+# -- /proc ----------------------------------------------------------------------------
+
+def _stat_fields(pid: int) -> list[bytes]:
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        raw = handle.read()
+    return raw[raw.rindex(b")") + 2:].split()  # fields[0] is field 3 (state)
+
+
+def tree_pids(root: int) -> list[int]:
+    """`root` and all its live descendants, from the ppid fields in /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            ppid = int(_stat_fields(int(entry))[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def tree_cpu_ticks(root: int) -> int:
+    """CPU clock ticks of a process tree: utime + stime (all threads) of every live
+    process in it, plus cutime + cstime (children it has already reaped)."""
+    total = 0
+    for pid in tree_pids(root):
+        try:
+            fields = _stat_fields(pid)
+        except (OSError, ValueError):
+            continue  # exited between the listing and now
+        total += sum(int(fields[i]) for i in (11, 12, 13, 14))  # fields 14-17
+    return total
+
+
+def machine_busy_ticks() -> int:
+    """Non-idle CPU ticks of the whole machine, all cores (the `cpu` line of /proc/stat)."""
+    with open("/proc/stat") as handle:
+        fields = [int(v) for v in handle.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is already in user)
+    return sum(fields[:3]) + sum(fields[5:8])
+
+
+def machine_util(seconds: float) -> float:
+    """The whole machine's CPU seconds per wall second over the next `seconds`."""
+    busy, wall = machine_busy_ticks(), time.monotonic()
+    time.sleep(seconds)
+    return (machine_busy_ticks() - busy) / CLK_TCK / (time.monotonic() - wall)
+
+
+def wait_quiet(cluster: Cluster, max_wait: float) -> tuple[float, bool]:
+    """Wait (at most `max_wait` s) until the machine has used under 10% of a core in two
+    one-second windows in a row. Between cells our servers are idle, so anything
+    busy is someone else. Returns the seconds waited and whether it got quiet."""
+    start, quiet = time.monotonic(), 0
+    while time.monotonic() - start < max_wait:
+        cluster.check_alive()
+        quiet = quiet + 1 if machine_util(1.0) < QUIET_UTIL else 0
+        if quiet >= 2:
+            return time.monotonic() - start, True
+    return time.monotonic() - start, max_wait <= 0
+
+
 def rss_mb(pid: int) -> float:
-    """Resident memory of a process in MiB, from /proc."""
+    """Resident memory of one process in MiB (VmRSS in /proc/<pid>/status)."""
     with open(f"/proc/{pid}/status") as handle:
         for line in handle:
             if line.startswith("VmRSS:"):
@@ -172,47 +276,147 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of a process (all its threads), in clock ticks, from /proc."""
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        raw = handle.read()
-    fields = raw[raw.rindex(b")") + 2:].split()  # fields[0] is field 3 (state)
-    return int(fields[11]) + int(fields[12])  # fields 14 (utime) and 15 (stime)
+def tree_rss_mb(root: int) -> float:
+    total = 0.0
+    for pid in tree_pids(root):
+        try:
+            total += rss_mb(pid)
+        except OSError:
+            continue
+    return total
+
+
+# -- LiteLLM --------------------------------------------------------------------------
+
+def _requirements_hash() -> str:
+    return hashlib.sha256(LITELLM_REQUIREMENTS.read_bytes()).hexdigest()
+
+
+def ensure_litellm() -> str:
+    """Create bench/.litellm-venv and install LiteLLM into it if needed; its version."""
+    python = LITELLM_VENV / "bin" / "python"
+    if not python.exists():
+        base = shutil.which("python3") or str(getattr(sys, "_base_executable", sys.executable))
+        print(f"creating {LITELLM_VENV.relative_to(ROOT)} ({base} -m venv) ...", flush=True)
+        subprocess.run([base, "-m", "venv", str(LITELLM_VENV)], check=True, timeout=300)
+    stamp = LITELLM_STAMP.read_text().strip() if LITELLM_STAMP.exists() else ""
+    if stamp != _requirements_hash():
+        print(f"installing {LITELLM_REQUIREMENTS.relative_to(ROOT)} into "
+              f"{LITELLM_VENV.relative_to(ROOT)} (one-off, a minute or two) ...", flush=True)
+        done = subprocess.run(
+            [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+             "-r", str(LITELLM_REQUIREMENTS)],
+            check=False, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            tail = "\n".join((done.stdout + done.stderr).splitlines()[-25:])
+            raise RuntimeError(f"pip could not install LiteLLM ({done.returncode}); "
+                               f"rerun with --no-litellm to skip it:\n{tail}")
+        LITELLM_STAMP.write_text(_requirements_hash() + "\n")
+    done = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('litellm'))"],
+        check=True, capture_output=True, text=True, timeout=60)
+    return done.stdout.strip()
+
+
+# The proxy's settings, kept as lean as its docs and code allow: one uvicorn worker,
+# no database (so no spend logs, no key table, no UI), no callbacks, no retries,
+# no telemetry, no per-request access log, the bundled model cost map (no fetch).
+LITELLM_ENV = {
+    "LITELLM_TELEMETRY": "False",           # the switch older releases read
+    "LITELLM_TELEMETRY_DISABLED": "true",   # the veto 1.110 reads (litellm/proxy/telemetry)
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no network fetch of the price list at start-up
+    "LITELLM_LOG": "ERROR",                  # also uvicorn's level: no access log line per request
+    "LITELLM_MODE": "PRODUCTION",            # no .env loading
+    "DISABLE_ADMIN_UI": "True",
+    "LITELLM_DONT_SHOW_FEEDBACK_BOX": "True",
+    "PYTHONUNBUFFERED": "1",
+}
+LITELLM_UNSET = ("DATABASE_URL", "DIRECT_URL", "REDIS_HOST", "REDIS_URL", "REDIS_PORT",
+                 "STORE_MODEL_IN_DB", "LITELLM_MASTER_KEY")
+
+
+def litellm_config(cluster: Cluster) -> dict[str, Any]:
+    return {
+        "model_list": [{
+            "model_name": GATEWAY_MODEL,
+            "litellm_params": {"model": f"ollama/{DIRECT_MODEL}",
+                               "api_base": f"http://127.0.0.1:{cluster.emulator_port}"},
+        }],
+        "litellm_settings": {"callbacks": [], "num_retries": 0, "request_timeout": 60},
+        "general_settings": {"master_key": cluster.litellm_key, "disable_spend_logs": True,
+                             "disable_error_logs": True},
+    }
+
+
+def start_litellm(cluster: Cluster) -> list[str]:
+    config = cluster.workdir / "litellm-config.yaml"
+    config.write_text(json.dumps(litellm_config(cluster), indent=2) + "\n")  # JSON is YAML
+    env = {k: v for k, v in os.environ.items() if k not in LITELLM_UNSET}
+    env.update(LITELLM_ENV)
+    argv = [str(LITELLM_VENV / "bin" / "litellm"), "--config", str(config),
+            "--host", "127.0.0.1", "--port", str(cluster.litellm_port),
+            "--num_workers", str(WORKERS["litellm"])]
+    cluster.start("litellm", argv, env=env)
+    base = f"http://127.0.0.1:{cluster.litellm_port}"
+    wait_http(cluster, f"{base}/health/liveliness", "litellm", timeout=180)
+    answer = wait_http(cluster, f"{base}/v1/systemone", "litellm's /v1/systemone", timeout=60,
+                       data=request_body(GATEWAY_MODEL),
+                       headers={"Authorization": f"Bearer {cluster.litellm_key}",
+                                "Content-Type": "application/json"})
+    model = json.loads(answer).get("model")
+    if model not in (GATEWAY_MODEL, DIRECT_MODEL):
+        raise RuntimeError(f"litellm answered for model {model!r}: {answer[:300]!r}")
+    return argv
 
 
 # -- one cell -------------------------------------------------------------------------
 
-def run_cell(cluster: Cluster, target: str, concurrency: int, requests: int,
-             warmup: int, key: str) -> dict[str, Any]:
+def target_request(cluster: Cluster, target: str) -> tuple[str, bytes, list[str], str]:
+    """URL, body, load.py header arguments and the `model` the answers must carry."""
     if target == "direct":
-        url = f"http://127.0.0.1:{cluster.emulator_port}/v1/systemone"
-        body, headers = request_body(DIRECT_MODEL), []
-    else:
-        url = f"http://127.0.0.1:{cluster.arbiter_port}/v1/systemone"
-        body, headers = request_body(GATEWAY_MODEL), ["--header", f"Authorization: Bearer {key}"]
+        return (f"http://127.0.0.1:{cluster.emulator_port}/v1/systemone",
+                request_body(DIRECT_MODEL), [], DIRECT_MODEL)
+    if target == "arbiter":
+        return (f"http://127.0.0.1:{cluster.arbiter_port}/v1/systemone",
+                request_body(GATEWAY_MODEL),
+                ["--header", f"Authorization: Bearer {cluster.arbiter_key}"], GATEWAY_MODEL)
+    # LiteLLM passes the backend's `model` through (nimble:latest), not its alias.
+    return (f"http://127.0.0.1:{cluster.litellm_port}/v1/systemone",
+            request_body(GATEWAY_MODEL),
+            ["--header", f"Authorization: Bearer {cluster.litellm_key}"], DIRECT_MODEL)
+
+
+def start_loadgen(cluster: Cluster, target: str, concurrency: int, requests: int,
+                  warmup: int) -> subprocess.Popen[bytes]:
+    url, body, headers, expect = target_request(cluster, target)
     body_file = cluster.workdir / f"body-{target}.json"
     body_file.write_bytes(body)
-
     cmd = [sys.executable, str(BENCH / "load.py"), "--url", url, "--body-file", str(body_file),
            "--requests", str(requests), "--concurrency", str(concurrency),
-           "--warmup", str(warmup), "--handshake", *headers]
+           "--warmup", str(warmup), "--expect-model", expect, "--handshake", *headers]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT)
     cluster.procs["loadgen"] = proc
-    assert proc.stdin is not None and proc.stdout is not None
+    return proc
+
+
+def wait_warm(proc: subprocess.Popen[bytes]) -> None:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    event = json.loads(line) if line.strip() else {}
+    if event.get("event") != "warm":
+        rest = proc.stdout.read()
+        proc.wait()
+        raise RuntimeError(f"load generator failed in warm-up: {(line + rest).decode()}")
+
+
+def send_go(proc: subprocess.Popen[bytes]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(b"go\n")
+    proc.stdin.flush()
+
+
+def finish_loadgen(cluster: Cluster, proc: subprocess.Popen[bytes], line: bytes) -> dict[str, Any]:
     try:
-        line = proc.stdout.readline()
-        event = json.loads(line) if line.strip() else {}
-        if event.get("event") != "warm":
-            rest = proc.stdout.read()
-            proc.wait()
-            raise RuntimeError(f"load generator failed in warm-up: {(line + rest).decode()}")
-        servers = {name: p.pid for name, p in cluster.procs.items() if name != "loadgen"}
-        before = {name: cpu_ticks(pid) for name, pid in servers.items()}
-        proc.stdin.write(b"go\n")
-        proc.stdin.flush()
-        line = proc.stdout.readline()
-        after = {name: cpu_ticks(pid) for name, pid in servers.items()}
-        rss = {name: rss_mb(pid) for name, pid in servers.items()}
         proc.wait(timeout=30)
     finally:
         cluster.procs.pop("loadgen", None)
@@ -221,58 +425,190 @@ def run_cell(cluster: Cluster, target: str, concurrency: int, requests: int,
             proc.wait()
     if not line.strip():
         raise RuntimeError(f"load generator exited with {proc.returncode} and no result")
-    result = json.loads(line)
+    result: dict[str, Any] = json.loads(line)
     if "fatal" in result:
         raise RuntimeError(f"load generator: {result}")
+    return result
+
+
+def run_cell(cluster: Cluster, target: str, concurrency: int, requests: int,
+             warmup: int) -> dict[str, Any]:
+    proc = start_loadgen(cluster, target, concurrency, requests, warmup)
+    assert proc.stdout is not None
+    try:
+        wait_warm(proc)
+        servers = cluster.servers()
+        ours = {**servers, "loadgen": proc.pid}
+        busy_before, wall_before = machine_busy_ticks(), time.monotonic()
+        before = {name: tree_cpu_ticks(pid) for name, pid in ours.items()}
+        send_go(proc)
+        line = proc.stdout.readline()
+        after = {name: tree_cpu_ticks(pid) for name, pid in ours.items()}
+        busy_after, wall_after = machine_busy_ticks(), time.monotonic()
+        rss = {name: tree_rss_mb(pid) for name, pid in servers.items()}
+        result = finish_loadgen(cluster, proc, line)
+    finally:
+        cluster.procs.pop("loadgen", None)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     result["target"] = target
     result["server_cpu_s"] = {name: (after[name] - before[name]) / CLK_TCK for name in servers}
     result["server_cpu_ms_per_request"] = {
         name: seconds * 1000.0 / requests for name, seconds in result["server_cpu_s"].items()
     }
     result["server_rss_mb_after"] = rss
+    # Everything else the machine ran meanwhile (other processes, kernel work not
+    # charged to ours), in CPU seconds per wall second: on a shared box, a cell with
+    # a high figure here was measured with less CPU than the others.
+    ours_ticks = sum(after[name] - before[name] for name in ours)
+    result["other_cpu_s"] = (busy_after - busy_before - ours_ticks) / CLK_TCK
+    result["other_cpu_utilization"] = result["other_cpu_s"] / max(wall_after - wall_before, 1e-9)
     cluster.check_alive()
+    return result
+
+
+# -- soak -----------------------------------------------------------------------------
+
+def run_soak(cluster: Cluster, requests: int, warmup: int, interval: float) -> dict[str, Any]:
+    pid = cluster.procs["arbiter"].pid
+    t0 = time.monotonic()
+    samples: list[tuple[float, float]] = [(0.0, rss_mb(pid))]  # before any load
+    proc = start_loadgen(cluster, "arbiter", SOAK_CONCURRENCY, requests, warmup)
+    assert proc.stdout is not None
+    try:
+        wait_warm(proc)
+        warm_rss = rss_mb(pid)
+        samples.append((time.monotonic() - t0, warm_rss))
+        send_go(proc)
+        next_sample = time.monotonic() + interval
+        while True:
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, next_sample - time.monotonic()))
+            if ready:
+                line = proc.stdout.readline()
+                break
+            now = time.monotonic()
+            samples.append((now - t0, rss_mb(pid)))
+            print(f"  t={now - t0:6.1f}s  arbiter RSS {samples[-1][1]:7.1f} MB", flush=True)
+            next_sample = now + interval
+            cluster.check_alive()
+        samples.append((time.monotonic() - t0, rss_mb(pid)))
+        result = finish_loadgen(cluster, proc, line)
+    finally:
+        cluster.procs.pop("loadgen", None)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    start, end = samples[0][1], samples[-1][1]
+    peak = max(rss for _, rss in samples)
+    result.update({
+        "target": "arbiter",
+        "rss_samples_mb": [{"t_s": round(t, 2), "rss_mb": round(r, 2)} for t, r in samples],
+        "rss_start_mb": start,
+        "rss_after_warmup_mb": warm_rss,
+        "rss_peak_mb": peak,
+        "rss_end_mb": end,
+        "rss_growth_mb": end - start,
+        "rss_growth_after_warmup_mb": end - warm_rss,
+        "target_growth_mb": SOAK_TARGET_MB,
+        "pass": end - start < SOAK_TARGET_MB,
+    })
     return result
 
 
 # -- output ---------------------------------------------------------------------------
 
-COLUMNS = [
+def render(columns: list[tuple[str, str]], rows: list[list[str]]) -> str:
+    widths = [max(len(name), *(len(r[i]) for r in rows)) for i, (name, _) in enumerate(columns)]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(f"{v:{align}{w}}" for v, (_, align), w in zip(values, columns, widths))
+
+    out = [line([name for name, _ in columns]), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows]
+    return "\n".join(out)
+
+
+CELL_COLUMNS = [
     ("target", "<"), ("conc", ">"), ("requests", ">"), ("errors", ">"), ("req/s", ">"),
     ("p50 ms", ">"), ("p99 ms", ">"), ("+p50 ms", ">"), ("+p99 ms", ">"),
-    ("emu CPU ms/req", ">"), ("arb CPU ms/req", ">"), ("loadgen CPU ms/req", ">"),
-    ("loadgen util", ">"),
+    ("gateway CPU ms/req", ">"), ("emu CPU ms/req", ">"), ("loadgen CPU ms/req", ">"),
+    ("loadgen util", ">"), ("other util", ">"),
 ]
 
 
-def table_rows(cells: list[dict[str, Any]]) -> list[list[str]]:
+def format_cells(cells: list[dict[str, Any]]) -> str:
     direct = {c["concurrency"]: c for c in cells if c["target"] == "direct"}
     rows = []
     for c in cells:
         lat = c["latency_ms"]
-        floor = direct.get(c["concurrency"]) if c["target"] == "arbiter" else None
+        floor = direct.get(c["concurrency"]) if c["target"] != "direct" else None
         added = [f"{lat[q] - floor['latency_ms'][q]:.3f}" if floor else "-" for q in ("p50", "p99")]
         cpu = c["server_cpu_ms_per_request"]
         rows.append([
             c["target"], str(c["concurrency"]), str(c["requests"]), str(c["errors"]),
-            f"{c['throughput_rps']:.0f}", f"{lat['p50']:.3f}", f"{lat['p99']:.3f}",
-            *added,
-            f"{cpu['emulator']:.3f}", f"{cpu['arbiter']:.3f}",
+            f"{c['throughput_rps']:.0f}", f"{lat['p50']:.3f}", f"{lat['p99']:.3f}", *added,
+            f"{cpu[c['target']]:.3f}" if c["target"] in GATEWAYS else "-",
+            f"{cpu['emulator']:.3f}",
             f"{c['loadgen_cpu_ms_per_request']:.3f}",
             f"{c['loadgen_cpu_utilization'] * 100:.0f}%",
+            f"{c['other_cpu_utilization'] * 100:.0f}%"
+            + ("!" if c["other_cpu_utilization"] > BUSY_CELL_UTIL and c["wall_s"] >= 1.0 else ""),
         ])
-    return rows
+    return render(CELL_COLUMNS, rows)
 
 
-def format_table(cells: list[dict[str, Any]]) -> str:
-    rows = table_rows(cells)
-    widths = [max(len(name), *(len(r[i]) for r in rows)) for i, (name, _) in enumerate(COLUMNS)]
+def summarize(cells: list[dict[str, Any]], concurrencies: list[int]) -> list[dict[str, Any]]:
+    """One row per target: throughput and CPU at the highest concurrency, added latency at each."""
+    top = max(concurrencies)
+    by = {(c["target"], c["concurrency"]): c for c in cells}
+    out = []
+    for target in TARGETS:
+        if not any(t == target for t, _ in by):
+            continue
+        row: dict[str, Any] = {"target": target, "workers": WORKERS.get(target)}
+        high = by.get((target, top))
+        floor_high = by.get(("direct", top))
+        if high:
+            row["decisions_per_s"] = high["throughput_rps"]
+            row["vs_direct"] = (high["throughput_rps"] / floor_high["throughput_rps"]
+                                if floor_high else None)
+            cpu = high["server_cpu_ms_per_request"]
+            row["gateway_cpu_ms_per_decision"] = cpu[target] if target in GATEWAYS else None
+            row["backend_cpu_ms_per_decision"] = cpu["emulator"]
+            row["errors"] = sum(c["errors"] for (t, _), c in by.items() if t == target)
+        for conc in concurrencies:
+            cell, floor = by.get((target, conc)), by.get(("direct", conc))
+            for q in ("p50", "p99"):
+                row[f"added_{q}_ms_c{conc}"] = (
+                    cell["latency_ms"][q] - floor["latency_ms"][q]
+                    if cell and floor and target != "direct" else None)
+        out.append(row)
+    return out
 
-    def line(values: list[str]) -> str:
-        return "  ".join(f"{v:{align}{w}}" for v, (_, align), w in zip(values, COLUMNS, widths))
 
-    out = [line([name for name, _ in COLUMNS]), line(["-" * w for w in widths])]
-    out += [line(r) for r in rows]
-    return "\n".join(out)
+def format_summary(summary: list[dict[str, Any]], concurrencies: list[int]) -> str:
+    top = max(concurrencies)
+    columns = [("target", "<"), ("workers", ">"), (f"decisions/s @{top}", ">"),
+               ("of direct", ">")]
+    for conc in concurrencies:
+        columns += [(f"+p50 ms @{conc}", ">"), (f"+p99 ms @{conc}", ">")]
+    columns += [(f"CPU ms/decision @{top}", ">"), ("emu CPU ms/req", ">"), ("errors", ">")]
+
+    def num(value: float | None, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    rows = []
+    for r in summary:
+        row = [r["target"], str(r["workers"]) if r["workers"] else "-",
+               num(r.get("decisions_per_s"), ".0f"),
+               "-" if r.get("vs_direct") is None else f"{r['vs_direct'] * 100:.1f}%"]
+        for conc in concurrencies:
+            row += [num(r[f"added_p50_ms_c{conc}"], ".3f"), num(r[f"added_p99_ms_c{conc}"], ".3f")]
+        row += [num(r.get("gateway_cpu_ms_per_decision"), ".3f"),
+                num(r.get("backend_cpu_ms_per_decision"), ".3f"), str(r.get("errors", "-"))]
+        rows.append(row)
+    return render(columns, rows)
 
 
 def git_commit() -> str | None:
@@ -288,6 +624,16 @@ def git_commit() -> str | None:
     return done.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def write_results(name: str, doc: dict[str, Any]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    gitignore = RESULTS / ".gitignore"
+    if not gitignore.exists():
+        gitignore.write_text("*\n!.gitignore\n")
+    out = RESULTS / name
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    return out
+
+
 # -- main -----------------------------------------------------------------------------
 
 def parse_args() -> argparse.Namespace:
@@ -297,21 +643,37 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=None,
                         help="timed requests per cell (default: 3,000 at concurrency 1, "
                              "10,000 above; 300 with --quick)")
-    parser.add_argument("--concurrency", default="1,32",
-                        help="comma-separated concurrencies (default: 1,32)")
+    parser.add_argument("--concurrency", default="1,64",
+                        help="comma-separated concurrencies (default: 1,64)")
     parser.add_argument("--warmup", type=int, default=None,
                         help="untimed requests before each cell (default 500; 100 with --quick)")
+    parser.add_argument("--no-litellm", action="store_true",
+                        help="leave out the LiteLLM proxy (no virtualenv, no install)")
+    parser.add_argument("--soak", type=int, nargs="?", const=100_000, default=None, metavar="N",
+                        help="instead of the table: N requests (default 100,000) through Arbiter "
+                             f"at concurrency {SOAK_CONCURRENCY}, sampling its RSS")
+    parser.add_argument("--soak-interval", type=float, default=3.0,
+                        help="seconds between RSS samples in --soak (default 3)")
+    parser.add_argument("--idle-wait", type=float, default=300.0,
+                        help="before each cell, wait up to this many seconds for the machine "
+                             "to be quiet (default 300; 0: don't wait)")
+    parser.add_argument("--retries", type=int, default=2,
+                        help="rerun a cell (of 1 s or more) during which other processes used "
+                             f"over {BUSY_CELL_UTIL * 100:.0f}%% of a core, up to this many times "
+                             "(default 2)")
     parser.add_argument("--keep", action="store_true",
-                        help="keep the temp dir (database, server logs) and print its path")
+                        help="keep the temp dir (database, configs, server logs) and print its path")
     args = parser.parse_args()
     try:
         args.concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
     except ValueError:
-        parser.error("--concurrency wants integers, e.g. 1,32")
+        parser.error("--concurrency wants integers, e.g. 1,64")
     if not args.concurrencies or min(args.concurrencies) < 1:
         parser.error("--concurrency wants positive integers")
     if args.requests is not None and args.requests < 1:
         parser.error("--requests must be at least 1")
+    if args.soak is not None and args.soak < 1:
+        parser.error("--soak wants a positive number of requests")
     return args
 
 
@@ -327,12 +689,39 @@ def _interrupt(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def setup_arbiter(cluster: Cluster) -> None:
+    cluster.cli("service", "add", "--type", "ollama-external", "--name", "emulated-ollama",
+                "--url", f"http://127.0.0.1:{cluster.emulator_port}")
+    cluster.cli("project", "create", PROJECT, "--models", "all")
+    cluster.arbiter_key = cluster.cli("key", "create", "--project", PROJECT
+                                      ).strip().splitlines()[-1].strip()
+    cluster.start("arbiter", [str(ARBITER), "serve", "--host", "127.0.0.1",
+                              "--port", str(cluster.arbiter_port)])
+    base = f"http://127.0.0.1:{cluster.arbiter_port}"
+    wait_http(cluster, f"{base}/readyz", "arbiter")
+    # Ready means a decision goes through, not just that the process listens.
+    wait_http(cluster, f"{base}/v1/systemone", "arbiter's decision route",
+              data=request_body(GATEWAY_MODEL),
+              headers={"Authorization": f"Bearer {cluster.arbiter_key}",
+                       "Content-Type": "application/json"})
+
+
 def main() -> int:
     args = parse_args()
     if not ARBITER.exists():
         print(f"run.py: {ARBITER} not found; run with the project's venv python", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)  # same clean-up path as a Ctrl-C
+
+    soak = args.soak is not None
+    with_litellm = not args.no_litellm and not soak
+    litellm_version = None
+    if with_litellm:
+        try:
+            litellm_version = ensure_litellm()
+        except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
+            print(f"run.py: {exc}", file=sys.stderr)
+            return 2
 
     warmup = args.warmup if args.warmup is not None else (100 if args.quick else 500)
     body_bytes = len(request_body(GATEWAY_MODEL))
@@ -341,60 +730,97 @@ def main() -> int:
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)),
+        "cpu_model": _cpu_model(),
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
         "platform": platform.platform(),
         "git_commit": git_commit(),
+        "litellm_version": litellm_version,
+        "workers": {"arbiter": WORKERS["arbiter"],
+                    **({"litellm": WORKERS["litellm"]} if with_litellm else {})},
         "quick": args.quick,
         "warmup_requests": warmup,
         "state_bytes": state_bytes,
         "body_bytes": body_bytes,
         "clock_ticks_per_s": CLK_TCK,
     }
-    print(f"cores: {meta['cpu_count']} (usable: {meta['cpus_usable']})   "
-          f"python: {meta['python']} ({meta['implementation']})   {meta['platform']}")
+    print(f"date: {meta['started_at']}   cores: {meta['cpu_count']} (usable: "
+          f"{meta['cpus_usable']}) {meta['cpu_model'] or ''}")
+    print(f"python: {meta['python']} ({meta['implementation']})   litellm: "
+          f"{litellm_version or '-'}   {meta['platform']}")
     print(f"commit: {meta['git_commit']}   state: {state_bytes} B   body: {body_bytes} B   "
           f"questions: choice(4), noul, score(3)")
+    meta["busy_before_start"] = machine_util(2.0)
+    print(f"machine busy before start: {meta['busy_before_start'] * 100:.0f}% of a core"
+          + ("   (something else is running: each cell waits for quiet first)"
+             if meta["busy_before_start"] > QUIET_UTIL else ""))
 
     workdir = Path(tempfile.mkdtemp(prefix="arbiter-bench-"))
     cluster = Cluster(workdir)
     cells: list[dict[str, Any]] = []
+    soak_result: dict[str, Any] | None = None
     failed = False
     try:
         cluster.cli("migrate")
-        cluster.start("emulator", "emulate", "ollama", "--port", str(cluster.emulator_port))
+        cluster.start("emulator", [str(ARBITER), "emulate", "ollama",
+                                   "--port", str(cluster.emulator_port)])
         wait_http(cluster, f"http://127.0.0.1:{cluster.emulator_port}/api/version", "emulator")
-        cluster.cli("service", "add", "--type", "ollama-external", "--name", "emulated-ollama",
-                    "--url", f"http://127.0.0.1:{cluster.emulator_port}")
-        cluster.cli("project", "create", PROJECT, "--models", "all")
-        key = cluster.cli("key", "create", "--project", PROJECT).strip().splitlines()[-1].strip()
-        cluster.start("arbiter", "serve", "--host", "127.0.0.1", "--port", str(cluster.arbiter_port))
-        base = f"http://127.0.0.1:{cluster.arbiter_port}"
-        wait_http(cluster, f"{base}/readyz", "arbiter")
-        # Ready means a decision goes through, not just that the process listens.
-        wait_http(cluster, f"{base}/v1/systemone", "arbiter's decision route",
-                  data=request_body(GATEWAY_MODEL),
-                  headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-        print(f"emulator pid {cluster.procs['emulator'].pid} on :{cluster.emulator_port}, "
-              f"arbiter pid {cluster.procs['arbiter'].pid} on :{cluster.arbiter_port} "
-              f"(1 process, 1 worker); warm-up {warmup} requests per cell\n")
+        setup_arbiter(cluster)
+        procs = {"emulator": len(tree_pids(cluster.procs["emulator"].pid)),
+                 "arbiter": len(tree_pids(cluster.procs["arbiter"].pid))}
+        if with_litellm:
+            print("starting the LiteLLM proxy ...", flush=True)
+            meta["litellm_argv"] = start_litellm(cluster)
+            meta["litellm_env"] = LITELLM_ENV
+            meta["litellm_config"] = {**litellm_config(cluster),
+                                      "general_settings": {"master_key": "<random>",
+                                                           "disable_spend_logs": True,
+                                                           "disable_error_logs": True}}
+            procs["litellm"] = len(tree_pids(cluster.procs["litellm"].pid))
+        meta["processes"] = procs
+        print(f"emulator :{cluster.emulator_port} ({procs['emulator']} process), arbiter "
+              f":{cluster.arbiter_port} ({WORKERS['arbiter']} worker, {procs['arbiter']} "
+              f"process)" + (f", litellm :{cluster.litellm_port} ({WORKERS['litellm']} worker, "
+                             f"{procs['litellm']} process)" if with_litellm else ""))
 
-        for concurrency in args.concurrencies:
-            for target in ("direct", "arbiter"):
-                n = requests_for(args, concurrency)
-                print(f"  {target:<8} concurrency {concurrency:>3}: {n} requests ...",
-                      end="", flush=True)
-                cell = run_cell(cluster, target, concurrency, n, warmup, key)
-                cells.append(cell)
-                print(f" {cell['throughput_rps']:.0f} req/s, p50 {cell['latency_ms']['p50']:.3f} ms,"
-                      f" {cell['errors']} errors", flush=True)
+        if soak:
+            print(f"soak: {args.soak} requests through Arbiter at concurrency "
+                  f"{SOAK_CONCURRENCY} (warm-up {warmup}), RSS every {args.soak_interval:g}s\n",
+                  flush=True)
+            soak_result = run_soak(cluster, args.soak, warmup, args.soak_interval)
+        else:
+            print(f"warm-up {warmup} requests per cell (answers checked)\n", flush=True)
+            targets = [t for t in TARGETS if with_litellm or t != "litellm"]
+            for concurrency in args.concurrencies:
+                for target in targets:
+                    n = requests_for(args, concurrency)
+                    print(f"  {target:<8} concurrency {concurrency:>3}: {n} requests ...",
+                          end="", flush=True)
+                    discarded: list[float] = []
+                    while True:
+                        waited, quiet = wait_quiet(cluster, args.idle_wait)
+                        if waited >= 3:
+                            print(f" [waited {waited:.0f}s for a quiet machine"
+                                  f"{'' if quiet else ', in vain'}]", end="", flush=True)
+                        cell = run_cell(cluster, target, concurrency, n, warmup)
+                        busy = (cell["other_cpu_utilization"] > BUSY_CELL_UTIL
+                                and cell["wall_s"] >= 1.0)
+                        if not busy or len(discarded) >= args.retries:
+                            break
+                        discarded.append(cell["other_cpu_utilization"])
+                        print(f" [others used {discarded[-1] * 100:.0f}% of a core: again]",
+                              end="", flush=True)
+                    cell["discarded_attempts_other_util"] = discarded
+                    cells.append(cell)
+                    print(f" {cell['throughput_rps']:.0f} req/s, p50 "
+                          f"{cell['latency_ms']['p50']:.3f} ms, {cell['errors']} errors", flush=True)
     except KeyboardInterrupt:
         failed = True
         print("\ninterrupted; stopping the servers", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - reported, then clean-up runs
         failed = True
         print(f"\nrun.py: {exc}", file=sys.stderr)
-        for name in ("emulator", "arbiter"):
+        for name in ("emulator", "arbiter", "litellm"):
             tail = cluster.log_tail(name)
             if tail:
                 print(f"--- {name}.log (tail) ---\n{tail}", file=sys.stderr)
@@ -407,25 +833,58 @@ def main() -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
 
+    if soak_result is not None:
+        r = soak_result
+        lat = r["latency_ms"]
+        print(f"\nsoak: {r['requests']} requests at concurrency {SOAK_CONCURRENCY}, "
+              f"{r['errors']} errors, {r['throughput_rps']:.0f} req/s, p50 {lat['p50']:.3f} ms, "
+              f"p99 {lat['p99']:.3f} ms, {r['wall_s']:.1f} s")
+        print(f"arbiter RSS  start {r['rss_start_mb']:.1f} MB   after warm-up "
+              f"{r['rss_after_warmup_mb']:.1f} MB   peak {r['rss_peak_mb']:.1f} MB   end "
+              f"{r['rss_end_mb']:.1f} MB")
+        print(f"growth {r['rss_growth_mb']:+.1f} MB (start to end; "
+              f"{r['rss_growth_after_warmup_mb']:+.1f} MB after warm-up), peak - start "
+              f"{r['rss_peak_mb'] - r['rss_start_mb']:+.1f} MB; target < {SOAK_TARGET_MB:.0f} MB: "
+              f"{'PASS' if r['pass'] else 'FAIL'}")
+        if r["errors"]:
+            print(f"WARNING: {r['errors']} failures: {r['error_kinds']}")
+        out = write_results("soak-latest.json",
+                            {"meta": meta, "complete": not failed, "soak": soak_result})
+        print(f"\nwrote {out.relative_to(ROOT)}")
+        return 1 if failed or not r["pass"] else 0
+
     if cells:
+        summary = summarize(cells, args.concurrencies)
         print()
-        print(format_table(cells))
-        print("\n+p50/+p99: Arbiter minus direct at the same concurrency.  CPU ms/req: CPU time "
-              "of the process during the timed phase / requests.\nloadgen util: the load "
-              "generator's CPU seconds per wall second (1 process; ~100% = saturated).")
+        print(format_cells(cells))
+        print("\n+p50/+p99: the target minus direct at the same concurrency.  CPU ms/req: CPU "
+              "time of the process tree during the timed phase / requests.\nloadgen util: the "
+              "load generator's CPU seconds per wall second (1 process; ~100% = saturated).\nother util: CPU "
+              "seconds per wall second that the rest of the machine used meanwhile (should be ~0;\n"
+              f"'!': over {BUSY_CELL_UTIL:.0%} even after {args.retries} reruns, so that cell's "
+              "latency and throughput are off).")
+        print(f"\nSide by side (workers: arbiter {WORKERS['arbiter']}"
+              + (f", litellm {WORKERS['litellm']}" if with_litellm else "") + "):\n")
+        print(format_summary(summary, args.concurrencies))
         errors = sum(c["errors"] for c in cells)
         if errors:
             print(f"\nWARNING: {errors} non-200 responses or failures: "
-                  f"{[c['error_kinds'] for c in cells if c['errors']]}")
-        RESULTS.mkdir(exist_ok=True)
-        gitignore = RESULTS / ".gitignore"
-        if not gitignore.exists():
-            gitignore.write_text("*\n!.gitignore\n")
-        out = RESULTS / "latest.json"
-        out.write_text(json.dumps({"meta": meta, "complete": not failed, "cells": cells},
-                                  indent=2) + "\n")
+                  f"{ {c['target'] + '@' + str(c['concurrency']): c['error_kinds'] for c in cells if c['errors']} }")
+        out = write_results("latest.json", {"meta": meta, "complete": not failed,
+                                            "summary": summary, "cells": cells})
         print(f"\nwrote {out.relative_to(ROOT)}")
     return 1 if failed else 0
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 if __name__ == "__main__":
