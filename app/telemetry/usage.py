@@ -78,7 +78,10 @@ class UsageLedger:
     async def run(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            await self.flush()
+            # Shielded: cancelling this loop at shutdown must not cancel a write whose batch is
+            # already off the buffer (a queued write would be dropped). The final flush waits for
+            # it on the lock, then writes the rest.
+            await asyncio.shield(self.flush())
 
 
 def summary(session: Session, *, project: str | None = None, since: dt.date | None = None,

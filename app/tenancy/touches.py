@@ -38,4 +38,4 @@ class KeyTouches:
     async def run(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            await self.flush()
+            await asyncio.shield(self.flush())  # a write in progress completes even at shutdown
