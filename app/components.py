@@ -16,6 +16,7 @@ from app.chat.forward import ChatForwarder
 from app.db import migrate
 from app.db.session import Database
 from app.decisions.forward import Forwarder
+from app.mesh.node import Mesh
 from app.services.installs import Installer
 from app.services.registry import Registry
 from app.services.routing import ReplicaRouter
@@ -55,6 +56,7 @@ class Components:
         self.router = ReplicaRouter(settings.replica_backoff)
         self.forwarder = Forwarder(self.registry, self.router, settings, self.tracing, self.limiter)
         self.chat = ChatForwarder(self.registry, self.router, settings, self.limiter)
+        self.mesh = Mesh(settings, self.registry, self.database)
         self.sync = SyncLoop(self.database, settings, self.changed_models)
         self.installer = Installer(self.database, settings, self.changed_models)
         self.touches = KeyTouches(self.database)
@@ -87,6 +89,7 @@ class Components:
             self._metrics_server = start_http_server(self.settings.metrics_port, self.settings.metrics_host,
                                                      registry=self.metrics.registry)
         await self.registry.reload()
+        await self.mesh.start()
         self._tasks = [
             asyncio.create_task(self.registry.run(self.settings.registry_refresh_interval)),
             asyncio.create_task(self.touches.run(self.settings.flush_interval)),
@@ -95,7 +98,8 @@ class Components:
             # not hold the gateway's start) and then on a schedule.
             asyncio.create_task(self.sync.run(self.settings.sync_interval)),
             asyncio.create_task(self.bus.listen({"keys": self._apply_key_change,
-                                                 "models": self.registry.reload})),
+                                                 "models": self.registry.reload,
+                                                 "mesh": self.mesh.reload_peers})),
         ]
 
     async def stop(self) -> None:
@@ -107,6 +111,7 @@ class Components:
                 await task
         self._tasks = []
         steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+            ("mesh", self.mesh.stop),
             ("installs", self.installer.aclose),
             ("sync lease", lambda: asyncio.to_thread(self.sync.release)),
             ("key touches", self.touches.flush),
@@ -138,6 +143,11 @@ class Components:
         """Services or models changed: reload the registry here and on every replica."""
         await self.registry.reload()
         await self.bus.publish("models")
+
+    async def changed_mesh_peers(self) -> None:
+        """A peer was added or removed through the admin API: here and on every replica."""
+        await self.mesh.reload_peers()
+        await self.bus.publish("mesh")
 
     async def _apply_key_change(self) -> None:
         self.keys.invalidate()

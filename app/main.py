@@ -14,6 +14,8 @@ from typing import Any
 from fastapi import FastAPI
 
 from app.api import errors
+from app.api import mesh as mesh_routes
+from app.api.admin import mesh as admin_mesh
 from app.api.admin import models as admin_models
 from app.api.admin import services as admin_services
 from app.api.admin import tenancy as admin_tenancy
@@ -47,11 +49,13 @@ class Arbiter:
         self.components = Components(settings, tracer_provider)
         self.fastapi = _build_fastapi(self.components)
         c = self.components
-        self.decisions = SystemOneRoute(c.keys, c.forwarder, c.touches, c.observer, c.tracing, settings)
-        self.chat = ChatRoute(c.keys, c.chat, c.touches, c.observer, settings)
+        self.decisions = SystemOneRoute(c.keys, c.forwarder, c.touches, c.observer, c.tracing, settings,
+                                        c.mesh.auth)
+        self.chat = ChatRoute(c.keys, c.chat, c.touches, c.observer, settings, c.mesh.auth)
         # The same registry, replica router (in-flight counts, back-off), limiter and tracing.
         openai = OpenAIDecisionForwarder(c.registry, c.router, settings, c.tracing, c.limiter)
-        self.openai_decisions = OpenAIDecisionsRoute(c.keys, openai, c.touches, c.observer, c.tracing, settings)
+        self.openai_decisions = OpenAIDecisionsRoute(c.keys, openai, c.touches, c.observer, c.tracing, settings,
+                                                     c.mesh.auth)
         self._stack: ASGIApp = build_stack(self._route, c.metrics,
                                            frozenset({DECISION_PATH, OPENAI_DECISIONS_PATH, *CHAT_PATHS}),
                                            c.tracing, settings.max_concurrency)
@@ -97,6 +101,8 @@ def _build_fastapi(components: Components) -> FastAPI:
     app.include_router(admin_services.router)
     app.include_router(admin_models.router)
     app.include_router(admin_usage.router)
+    app.include_router(admin_mesh.router)
+    app.include_router(mesh_routes.router)
 
     # POST on these paths is taken by the lean routes before FastAPI; declared here so that
     # other methods get FastAPI's 405 with Allow, and the routes appear in the OpenAPI schema.

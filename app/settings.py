@@ -77,6 +77,17 @@ class Settings(BaseSettings):
         5.0, description="Seconds between reloads of services and models from the database."
     )
 
+    # The mesh (SPEC §5): off unless a mesh key is set.
+    mesh_key: SecretStr | None = Field(
+        None, description="The shared secret of the mesh; every node of a mesh holds the same one."
+    )
+    mesh_peers: str = Field("", description="Comma-separated base URLs of peers this node connects to.")
+    mesh_node_name: str | None = Field(None, description="This node's name in the mesh (default: host:port).")
+    mesh_url: str | None = Field(None, description="The base URL peers reach this node at (default: from host and port).")
+    mesh_interval: float = Field(1.0, description="Seconds between model-list exchanges with each peer.")
+    mesh_max_backoff: float = Field(8.0, description="Longest wait between reconnects to a peer that is down.")
+    mesh_max_hops: int = Field(4, description="Most mesh hops a request may take.")
+
     # Background writes.
     flush_interval: float = Field(1.0, description="Seconds between batched writes.")
 

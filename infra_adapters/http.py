@@ -119,11 +119,14 @@ class HttpBackendBase:
 
     async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> AiohttpStream:
         """POST and return as soon as the answer's head has arrived."""
+        return await self._open(path, orjson.dumps(body), self._headers(options), options)
+
+    async def _open(self, path: str, data: bytes, headers: dict[str, str], options: CallOptions) -> AiohttpStream:
         url = self.url + path
         with translate_errors(url, options.timeout):
             # Never follow a backend's redirect: it would re-send a tenant's body to a URL of the
             # backend's choosing (a server-side request forgery). A 3xx passes through as it came.
-            response = await self._client().post(url, data=orjson.dumps(body), headers=self._headers(options),
+            response = await self._client().post(url, data=data, headers=headers,
                                                  timeout=self._timeout(options.timeout, options.streaming),
                                                  allow_redirects=False)
         return AiohttpStream(url, response, options.timeout)

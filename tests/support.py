@@ -48,12 +48,13 @@ class Gateway:
     """Arbiter served by uvicorn in a daemon thread, on a free loopback port."""
 
     def __init__(self, settings: Settings, tracer_provider: Any = None) -> None:
-        self.settings = settings
-        self.app = create_app(settings, tracer_provider=tracer_provider)
         self._socket = socket.socket()
         self._socket.bind(("127.0.0.1", 0))
         self.port = self._socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
+        # The port it really serves on (a mesh node announces its URL from it).
+        self.settings = settings = settings.model_copy(update={"port": self.port})
+        self.app = create_app(settings, tracer_provider=tracer_provider)
         config = uvicorn.Config(self.app, lifespan="on", log_level="warning", access_log=False,
                                 loop="asyncio", http="httptools")
         self._server = uvicorn.Server(config)
@@ -139,3 +140,21 @@ def decision(model: str = "nimble", **extra: Any) -> dict[str, Any]:
     }
     body.update(extra)
     return body
+
+
+def wait_for(check: Any, timeout: float = 10.0, interval: float = 0.05) -> Any:
+    """Poll ``check()`` until it returns something truthy (and return that); an exception counts
+    as not yet. AssertionError with the last failure after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            value = check()
+            if value:
+                return value
+            last = value
+        except Exception as exc:  # noqa: BLE001 - not yet; reported if it never settles
+            last = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true after {timeout}s: {last!r}")
+        time.sleep(interval)

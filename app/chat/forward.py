@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.decisions.forward import rewrite_model
-from app.errors import BackendFailed, InvalidRequest, NotFound, UpstreamAuthFailed
+from app.decisions.forward import rejected_credential, rewrite_model
+from app.errors import BackendFailed, InvalidRequest, UpstreamAuthFailed
 from app.services.registry import Registry, Replica
 from app.services.routing import ReplicaRouter
 from app.settings import Settings
@@ -71,9 +71,7 @@ class ChatForwarder:
         if not self._settings.allow_remote_media_urls and _remote_media(body.get("messages")):
             raise InvalidRequest("remote media URLs are not accepted in messages; send base64 or data: URLs "
                                  "(an admin can allow URLs with ARBITER_ALLOW_REMOTE_MEDIA_URLS)")
-        entry = self._registry.get(model)
-        if entry is None:
-            raise NotFound(f"model '{model}' is not installed")
+        entry = self._registry.find(model, principal.mesh_hops if principal is not None else 0, "chat")
         needed = API_CAPABILITY[api]
         replicas = [r for r in entry.replicas if needed in r.capabilities]
         if not replicas:
@@ -109,7 +107,7 @@ class ChatForwarder:
             forwarded["model"] = replica.backend_name
             options = CallOptions(timeout=replica.timeout, max_reply_bytes=self._settings.max_response_bytes,
                                   headers=headers, streaming=True,
-                                  tenant_salt=self._salts.of(principal.project_id) if principal else None)
+                                  tenant_salt=self._salts.of_caller(principal) if principal else None)
             replica.in_flight += 1
             try:
                 stream = await replica.backend.open(replica.backend.route(api) or "", forwarded, options)
@@ -124,8 +122,7 @@ class ChatForwarder:
             answer = Answer(replica, stream, self._settings.max_response_bytes)
             if stream.status in (401, 403) and replica.backend.has_credential:
                 await answer.close()
-                raise UpstreamAuthFailed(f"service '{replica.service_name}' rejected Arbiter's credential; "
-                                         "an admin must update the service's key")
+                raise UpstreamAuthFailed(rejected_credential(replica))
             if stream.status in _FAULT_STATUSES:
                 self._router.take_out(replica)
                 if self._router.pick(replicas, tried) is not None:

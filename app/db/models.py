@@ -172,3 +172,13 @@ class AuditEntry(Base):
     target: Mapped[str] = mapped_column(String(400))
     request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class MeshPeer(Base):
+    """A peer added through the admin API (peers from ARBITER_MESH_PEERS are not stored)."""
+
+    __tablename__ = "mesh_peers"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    url: Mapped[str] = mapped_column(String(500), unique=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -71,9 +71,7 @@ class Forwarder:
                                  "(an admin can allow URLs with ARBITER_ALLOW_REMOTE_MEDIA_URLS)")
         model = request.model
         principal.authorize(model)
-        entry = self._registry.get(model)
-        if entry is None:
-            raise NotFound(f"model '{model}' is not installed")
+        entry = self._registry.find(model, principal.mesh_hops)
         replicas = self._eligible(entry, body, request, raw_length)
         if only is not None:
             replicas = [r for r in replicas if r.service_id == only]
@@ -83,7 +81,7 @@ class Forwarder:
         if self._limiter is not None and (requests or tokens):
             await self._limiter.admit(requests, tokens)
         options = CallOptions(timeout=0.0, max_reply_bytes=self._settings.max_response_bytes,
-                              headers=headers, tenant_salt=self._salts.of(principal.project_id))
+                              headers=headers, tenant_salt=self._salts.of_caller(principal))
         outcome = await self._call(model, replicas, body, options)
         if tokens and self._limiter is not None and outcome.input_tokens is not None:
             await self._limiter.charge(tokens, outcome.input_tokens + (outcome.output_tokens or 0))
@@ -106,7 +104,11 @@ class Forwarder:
             if not replicas:
                 raise InvalidRequest(f"model '{entry.public_name}' does not take {field} "
                                      f"(it has no {needed} capability)")
-        replicas = [r for r in replicas if "decision" in r.capabilities]
+        deciding = [r for r in replicas if "decision" in r.capabilities]
+        if not deciding and all(r.legacy for r in replicas):
+            raise Unsupported(f"model '{entry.public_name}' is only on mesh nodes whose version does not "
+                              "know decision models; it cannot answer /v1/systemone")
+        replicas = deciding
         if not replicas:
             raise InvalidRequest(f"model '{entry.public_name}' is not a decision model; "
                                  "it cannot answer /v1/systemone")
@@ -196,9 +198,7 @@ class Forwarder:
                                 backoff=False)
         if reply.status in (401, 403) and backend.has_credential:
             log.error("service %s rejected Arbiter's credential (HTTP %s)", replica.service_name, reply.status)
-            raise _ReplicaFault(UpstreamAuthFailed(f"service '{replica.service_name}' rejected Arbiter's "
-                                                   "credential; an admin must update the service's key"),
-                                backoff=False)
+            raise _ReplicaFault(UpstreamAuthFailed(rejected_credential(replica)), backoff=False)
         if reply.status != 200:
             outcome = Outcome(reply.status, reply.content_type or "application/octet-stream",
                               reply.body, replica.provider, waited)
@@ -227,6 +227,13 @@ class _ReplicaFault(Exception):
         self.error = error
         self.reply = reply
         self.backoff = backoff  # False: try another replica, but this one is not sick
+
+
+def rejected_credential(replica: Replica) -> str:
+    if replica.service_type == "mesh":
+        return (f"mesh node '{replica.service_name}' rejected this node's mesh key; "
+                "every node of a mesh needs the same ARBITER_MESH_KEY")
+    return f"service '{replica.service_name}' rejected Arbiter's credential; an admin must update the service's key"
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

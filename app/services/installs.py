@@ -132,11 +132,15 @@ class Installer:
         self._on_change = on_change
         self._tasks: dict[int, asyncio.Task[None]] = {}
 
-    async def install(self, service_name: str, request: dict[str, Any], actor: Actor) -> tuple[int, dict[str, Any]]:
-        """(201, model) for a registration; (202, install) for a pull that has started."""
+    async def install(self, service_name: str, request: dict[str, Any], actor: Actor,
+                      guard: Callable[[list[str]], None] | None = None) -> tuple[int, dict[str, Any]]:
+        """(201, model) for a registration; (202, install) for a pull that has started. ``guard``
+        sees the model's capabilities first and may refuse (the mesh's warning)."""
         def work(session: Session) -> tuple[int, dict[str, Any]]:
             service = services.get_service(session, service_name)
             planned = plan(session, self._settings, service, request)
+            if guard is not None:
+                guard(list(planned.capabilities))
             target = f"model:{service.name}/{planned.backend_name}"
             audit.record(session, actor=actor.name, action="model.install", target=target,
                          request_id=actor.request_id,

@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass, field
 
 from app.db.session import Database
+from app.errors import ArbiterError, NotFound
 from app.services import service as services
 from app.services.backends import PROVIDER_NAMES, make_backend
 from app.services.credentials import CredentialBox, CredentialUnavailable
@@ -32,6 +33,7 @@ class Replica:
     timeout: float
     created: int
     in_flight: int = 0
+    legacy: bool = False  # on a mesh node whose version does not know decision models
 
     @property
     def provider(self) -> str:
@@ -56,12 +58,42 @@ class Registry:
         self._database = database
         self._settings = settings
         self._models: dict[str, ModelEntry] = {}
+        # Models other mesh nodes have (set by the mesh), and models only on nodes this node cannot
+        # use, with the error a request for them gets, per operation ("decision" or "chat").
+        self._remote: dict[str, ModelEntry] = {}
+        self._blocked: dict[str, dict[str, ArbiterError]] = {}
+        self.max_hops = settings.mesh_max_hops
         self._backends: dict[int, tuple[tuple[str, str, str | None], Backend]] = {}
         self._lock = asyncio.Lock()
         self._box = CredentialBox.from_settings(settings)
 
     def get(self, public_name: str) -> ModelEntry | None:
-        return self._models.get(public_name)
+        """The model on this node, else on the mesh."""
+        return self._models.get(public_name) or self._remote.get(public_name)
+
+    def find(self, public_name: str, hops: int = 0, operation: str = "decision") -> ModelEntry:
+        """Where a request that has taken ``hops`` mesh hops so far goes: this node's replicas
+        first, else the mesh's while the hop limit allows; NotFound (or why not) otherwise."""
+        entry = self._models.get(public_name)
+        if entry is not None:
+            return entry
+        remote = self._remote.get(public_name)
+        if remote is not None and hops < self.max_hops:
+            return remote
+        blocked = self._blocked.get(public_name)
+        if blocked is not None and hops < self.max_hops:
+            raise blocked[operation]
+        raise NotFound(f"model '{public_name}' is not installed")
+
+    def set_remote(self, entries: dict[str, ModelEntry], blocked: dict[str, dict[str, ArbiterError]]) -> None:
+        """The mesh's view changed."""
+        self._remote = entries
+        self._blocked = blocked
+
+    def reachable(self) -> list[ModelEntry]:
+        """This node's models and the mesh's, by name (a tenant's list of models)."""
+        merged = {**self._remote, **self._models}
+        return [merged[name] for name in sorted(merged)]
 
     def names(self) -> list[str]:
         return sorted(self._models)

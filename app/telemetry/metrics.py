@@ -52,7 +52,7 @@ class Metrics:
                                        record.error_type or "").observe(record.seconds)
         if record.backend_seconds:
             self.overhead.labels(record.operation).observe(record.overhead_seconds)
-        if record.status != 200 or record.input_tokens is None:
+        if record.status != 200 or record.input_tokens is None or record.forwarded:
             return
         extra = (record.project or "",) if self._project_label else ()
         self.token_usage.labels(record.operation, provider, "input", record.model, *extra).observe(

@@ -26,6 +26,8 @@ class RequestRecord:
     # Caller-supplied labels, logged as they came (an OpenAI decision's safety_identifier);
     # never used to decide who the caller is.
     metadata: dict[str, str] | None = None
+    # Forwarded by another mesh node: that node counts its tokens and usage, not this one.
+    forwarded: bool = False
 
     @property
     def overhead_seconds(self) -> float:

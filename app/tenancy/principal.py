@@ -23,6 +23,9 @@ class Principal:
     project_tpm: int | None = None
     key_rpm: int | None = None
     key_tpm: int | None = None
+    # A request another mesh node forwarded (kind "mesh"): checked there, not here.
+    mesh_hops: int = 0
+    mesh_salt: str | None = None  # the entry node's prefix-cache salt of the caller's project
 
     def usable(self, now: dt.datetime) -> bool:
         if self.revoked_at is not None and self.revoked_at <= now:
@@ -42,6 +45,14 @@ class Principal:
         if self.archived:
             raise PermissionDenied(f"project '{self.project_name}' is archived")
         raise PermissionDenied(f"model '{model}' is not allowed for this project")
+
+    @classmethod
+    def mesh_node(cls, node: str, hops: int, salt: str | None) -> Principal:
+        """A mesh peer forwarding a request: the entry node checked key, allowlist and limits,
+        and counts usage; here it is served as it is, and never billed."""
+        return cls(key_id=0, kind="mesh", key_prefix=node, project_id=None, project_name=None,
+                   allowed_models=None, archived=False, expires_at=None, revoked_at=None, mesh_hops=hops,
+                   mesh_salt=salt)
 
     @property
     def actor(self) -> str:

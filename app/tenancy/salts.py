@@ -7,6 +7,7 @@ import hashlib
 import hmac
 
 from app.settings import Settings
+from app.tenancy.principal import Principal
 
 
 class TenantSalts:
@@ -22,3 +23,7 @@ class TenantSalts:
             if len(self._cache) < 100_000:
                 self._cache[project_id] = salt
         return salt
+
+    def of_caller(self, principal: Principal) -> str:
+        """A forwarded mesh request keeps the salt its entry node gave the caller's project."""
+        return principal.mesh_salt or self.of(principal.project_id)

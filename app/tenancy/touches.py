@@ -18,7 +18,8 @@ class KeyTouches:
         self._pending: dict[int, dt.datetime] = {}
 
     def touch(self, key_id: int) -> None:
-        self._pending[key_id] = dt.datetime.now(dt.UTC)
+        if key_id > 0:  # 0: a mesh peer, which has no key here
+            self._pending[key_id] = dt.datetime.now(dt.UTC)
 
     async def flush(self) -> None:
         if not self._pending:

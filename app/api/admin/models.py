@@ -25,7 +25,9 @@ async def list_catalog(_actor: AdminDep) -> dict[str, Any]:
 async def install_model(name: str, body: ModelInstallRequest, actor: AdminDep, c: ComponentsDep) -> JSONResponse:
     """Install a catalog model, or a custom one with its capabilities. An Ollama pulls it (202 and an
     install to follow); a vLLM or Ollama Cloud service registers it at once (201)."""
-    status, view = await c.installer.install(name, body.model_dump(exclude_none=True), actor)
+    guard = None if body.confirm else c.mesh.check_decision_install
+    status, view = await c.installer.install(name, body.model_dump(exclude_none=True, exclude={"confirm"}),
+                                             actor, guard)
     return JSONResponse(view, status_code=status)
 
 

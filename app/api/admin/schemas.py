@@ -66,8 +66,15 @@ class ModelInstallRequest(_Strict):
     model: str = Field(min_length=1, max_length=200)
     capabilities: list[str] | None = None
     public_name: str | None = Field(None, min_length=1, max_length=200)
+    # Install even though a known mesh peer is too old for decision models (it then refuses
+    # this node's model list); without it, such an install answers 409 mesh_warning.
+    confirm: bool = False
 
 
 class ModelUpdate(_Strict):
     public_name: str | None = Field(None, min_length=1, max_length=200)
     timeout: float | None = Field(None, gt=0, le=3600)
+
+
+class MeshPeerCreate(_Strict):
+    url: str = Field(min_length=8, max_length=500)

@@ -11,6 +11,7 @@ from app.api.public.intake import take
 from app.chat.forward import ChatForwarder
 from app.decisions import jsonbody
 from app.errors import ArbiterError, BackendFailed
+from app.mesh.auth import MeshAuth
 from app.settings import Settings
 from app.telemetry.observer import Observer
 from app.telemetry.record import RequestRecord
@@ -25,7 +26,8 @@ PATHS = {"/v1/chat/completions": "openai-chat", "/api/chat": "ollama-chat"}
 
 class ChatRoute:
     def __init__(self, keys: KeyCache, forwarder: ChatForwarder, touches: KeyTouches, observer: Observer,
-                 settings: Settings) -> None:
+                 settings: Settings, mesh: MeshAuth | None = None) -> None:
+        self.mesh = mesh
         self.keys = keys
         self.forwarder = forwarder
         self.touches = touches
@@ -35,7 +37,7 @@ class ChatRoute:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         api = PATHS[scope["path"]]
-        intake = await take(scope, receive, send, self.keys, self.max_body)
+        intake = await take(scope, receive, send, self.keys, self.max_body, mesh=self.mesh)
         if intake is None:
             return
         principal = intake.principal

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from app.api.asgi import Receive, Scope, Send, header_map, send_error
 from app.decisions.body import ClientGone, check_length, content_encoding, read_body
-from app.errors import ArbiterError
+from app.errors import ArbiterError, AuthenticationFailed
+from app.mesh.auth import HOPS_HEADER, SCHEME, MeshAuth
 from app.telemetry.record import RequestRecord
 from app.tenancy.keycache import KeyCache
 from app.tenancy.principal import Principal
@@ -34,14 +35,25 @@ class Intake:
         principal = self.principal
         return RequestRecord(scope["state"]["request_id"], operation, scope["path"],
                              project_id=principal.project_id, project=principal.project_name,
-                             key_id=principal.key_id)
+                             key_id=principal.key_id, forwarded=principal.kind == "mesh")
 
 
 async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_body: int,
-               send_error: ErrorSender = send_error) -> Intake | None:
+               send_error: ErrorSender = send_error, mesh: MeshAuth | None = None) -> Intake | None:
+    """The caller and the body. A tenant sends a project key; a mesh peer forwarding a request
+    sends its mesh credential instead (checked here against the body it signed). Hop headers a
+    tenant sends are never read: only the signed credential says how many hops a request took."""
     headers = header_map(scope, _HEADERS)
+    authorization = headers.get("authorization")
+    claim = None
     try:
-        principal = await keys.authenticate(headers.get("authorization"), "project")
+        if authorization is not None and authorization.startswith(SCHEME):
+            if mesh is None:
+                raise AuthenticationFailed("this node is not in a mesh (ARBITER_MESH_KEY is not set)")
+            claim = mesh.claim(authorization, scope["method"], scope["path"])
+            principal = Principal.mesh_node(claim.node, claim.hops, claim.salt)
+        else:
+            principal = await keys.authenticate(authorization, "project")
         encoding = content_encoding(headers.get("content-encoding"))
         check_length(headers.get("content-length"), max_body)
     except ArbiterError as error:
@@ -49,6 +61,8 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
         return None
     try:
         raw = await read_body(receive, encoding, max_body)
+        if claim is not None and mesh is not None:
+            mesh.verify(claim, raw)
     except ClientGone:
         return None
     except ArbiterError as error:
@@ -56,4 +70,6 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
         return None
     forward_headers = {name: headers[name] for name in _PROPAGATED if name in headers}
     forward_headers["X-Request-Id"] = scope["state"]["request_id"]
+    if claim is not None:
+        forward_headers[HOPS_HEADER] = str(claim.hops)
     return Intake(principal, raw, forward_headers)

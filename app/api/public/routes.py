@@ -21,7 +21,7 @@ log = logging.getLogger("arbiter.api")
 @router.get("/v1/models")
 async def list_models(principal: ProjectDep, components: ComponentsDep) -> dict[str, Any]:
     data = []
-    for entry in components.registry.entries():
+    for entry in components.registry.reachable():
         if not principal.may_use(entry.public_name):
             continue
         first = entry.replicas[0]

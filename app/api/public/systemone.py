@@ -16,6 +16,7 @@ from app.decisions import jsonbody, schema
 from app.decisions.forward import Forwarder, Outcome
 from app.decisions.schema import DecisionRequest
 from app.errors import ArbiterError
+from app.mesh.auth import MeshAuth
 from app.settings import Settings
 from app.telemetry.observer import Observer
 from app.telemetry.record import RequestRecord
@@ -33,7 +34,8 @@ class SystemOneRoute:
     overriding ``send_error``, ``prepare``, ``reply`` and ``logged``."""
 
     def __init__(self, keys: KeyCache, forwarder: Forwarder, touches: KeyTouches, observer: Observer,
-                 tracing: Tracing, settings: Settings) -> None:
+                 tracing: Tracing, settings: Settings, mesh: MeshAuth | None = None) -> None:
+        self.mesh = mesh
         self.tracing = tracing
         self.keys = keys
         self.forwarder = forwarder
@@ -43,7 +45,7 @@ class SystemOneRoute:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        intake = await take(scope, receive, send, self.keys, self.max_body, self.send_error)
+        intake = await take(scope, receive, send, self.keys, self.max_body, self.send_error, self.mesh)
         if intake is None:
             return
         principal = intake.principal

@@ -1,0 +1,52 @@
+"""A mesh peer as a backend: the forwarding path sends a request for a model another node has
+through this, like through any replica. The peer speaks Arbiter's public API; the request is
+signed with the mesh key and carries its hop count."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from app.mesh.auth import HOPS_HEADER, MeshAuth
+from infra_adapters.base import CallOptions, RemoteModel, Reply
+from infra_adapters.http import AiohttpStream, HttpBackendBase
+
+_ROUTES = {"openai-chat": "/v1/chat/completions", "ollama-chat": "/api/chat",
+           "openai-decisions": "/v1/decisions"}
+
+
+class MeshBackend(HttpBackendBase):
+    kind = "mesh"
+
+    def __init__(self, url: str, auth: MeshAuth, *, connect_timeout: float, pool_size: int) -> None:
+        super().__init__(url, connect_timeout=connect_timeout, pool_size=pool_size)
+        self._auth = auth
+
+    @property
+    def has_credential(self) -> bool:
+        return True  # the mesh credential: a 401/403 from the peer means it refused our mesh key
+
+    def read_version(self) -> str | None:  # pragma: no cover - peers announce theirs in the exchange
+        return None
+
+    def list_models(self) -> list[RemoteModel]:  # pragma: no cover - likewise
+        return []
+
+    async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:
+        return await self._post("/v1/systemone", body, options)
+
+    def decisions_unsupported(self, reply: Reply) -> bool:
+        return reply.status == 405  # the peer's holders of the model cannot answer decisions
+
+    def route(self, api: str) -> str | None:
+        return _ROUTES.get(api)
+
+    async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> AiohttpStream:
+        data = orjson.dumps(body)
+        hops = int(options.headers.get(HOPS_HEADER, "0")) + 1
+        authorization, _ = self._auth.sign("POST", path, data, hops, options.tenant_salt)
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "User-Agent": "arbiter",
+                   **{k: v for k, v in options.headers.items() if k != HOPS_HEADER},
+                   "Authorization": authorization, HOPS_HEADER: str(hops)}
+        return await self._open(path, data, headers, options)

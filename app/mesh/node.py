@@ -1,0 +1,472 @@
+"""This node's place in the mesh: its peers, their model lists, and the routes they give.
+
+Each configured peer gets a loop that exchanges model lists with it every ``mesh_interval``
+seconds (backing off while it is down); a peer that connects to this node is answered by
+``receive``. After every change the mesh's models are handed to the registry, which the
+forwarding paths read: a model not on this node goes to a peer that has it, as to a replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import random
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import orjson
+from sqlalchemy import select
+
+from app import audit
+from app.db.models import MeshPeer
+from app.db.session import Database
+from app.errors import (
+    ArbiterError,
+    AuthenticationFailed,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    Unsupported,
+    UpstreamAuthFailed,
+)
+from app.mesh.auth import PROOF_HEADER, MeshAuth
+from app.mesh.backend import MeshBackend
+from app.mesh.protocol import (
+    EXCHANGE_PATH,
+    PROTOCOL,
+    Announcement,
+    BadAnnouncement,
+    Reader,
+    RemoteModel,
+    model_entry,
+)
+from app.services.registry import ModelEntry, Registry, Replica
+from app.settings import Settings
+from app.tenancy.service import Actor
+from app.version import VERSION
+
+log = logging.getLogger("arbiter.mesh")
+MAX_EXCHANGE_BYTES = 8 * 1024 * 1024
+_UNLIMITED_TEXT = 1 << 62  # the node that has the model applies its own text limit
+
+
+@dataclass(eq=False)
+class Peer:
+    url: str | None
+    direction: str  # "outbound": this node connects to it; "inbound": it connects to this node
+    source: str  # "config" (ARBITER_MESH_PEERS), "admin" (the admin API) or "inbound"
+    peer_id: int | None = None
+    name: str | None = None
+    state: str = "connecting"
+    version: str | None = None
+    decision_models: bool | None = None
+    models: list[RemoteModel] = field(default_factory=list)
+    last_contact: dt.datetime | None = None
+    seen: float = 0.0  # time.monotonic() of the last good exchange
+    error: str | None = None
+    failures: int = 0
+    refused_by_peer: str | None = None  # the peer refused this node's model list: why
+
+    def view(self) -> dict[str, Any]:
+        return {"id": self.peer_id, "name": self.name, "url": self.url, "direction": self.direction,
+                "source": self.source, "state": self.state, "version": self.version,
+                "decision_models": self.decision_models,
+                "last_contact": self.last_contact.isoformat() if self.last_contact else None,
+                "error": self.error, "refused_by_peer": self.refused_by_peer,
+                "models": [m.view() for m in self.models]}
+
+
+class Mesh:
+    def __init__(self, settings: Settings, registry: Registry, database: Database) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._database = database
+        self.enabled = settings.mesh_key is not None
+        self.name = settings.mesh_node_name or f"{socket.gethostname()}:{settings.port}"
+        host = socket.gethostname() if settings.host in ("0.0.0.0", "::") else settings.host
+        self.url = (settings.mesh_url or f"http://{host}:{settings.port}").rstrip("/")
+        self.auth = MeshAuth(settings.mesh_key.get_secret_value(), self.name) if settings.mesh_key else None
+        self.interval = settings.mesh_interval
+        self.max_hops = settings.mesh_max_hops
+        self._peers: dict[str, Peer] = {}  # "out:<url>" or "in:<node name>"
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._reader = Reader()
+        self._refused: deque[dict[str, Any]] = deque(maxlen=50)
+        self._replicas: dict[tuple[str, str], Replica] = {}
+        self._backends: dict[str, MeshBackend] = {}
+        self._ids: dict[str, int] = {}
+        self._client: httpx.AsyncClient | None = None
+
+    # -- life ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if not self.enabled:
+            return
+        timeout = min(5.0, self._settings.backend_admin_timeout)
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 3.0)),
+                                         follow_redirects=False)
+        for url in configured_peers(self._settings.mesh_peers):
+            self._add_outbound(url, "config", None)
+        await self.reload_peers()
+        log.info("mesh node %s at %s; peers: %s", self.name, self.url,
+                 ", ".join(p.url or "?" for p in self._peers.values()) or "none yet")
+
+    async def stop(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        for task in self._tasks.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._client is not None:
+            await self._client.aclose()
+        for backend in self._backends.values():
+            await backend.aclose()
+        self._backends.clear()
+
+    async def reload_peers(self) -> None:
+        """Peers added or removed through the admin API (here or on another replica of this node)."""
+        if not self.enabled:
+            return
+
+        def read() -> list[tuple[int, str]]:
+            with self._database.session() as session:
+                return [(p.id, p.url) for p in session.scalars(select(MeshPeer))]
+
+        stored = await asyncio.to_thread(read)
+        wanted = {url: peer_id for peer_id, url in stored}
+        for key, peer in list(self._peers.items()):
+            if peer.source == "admin" and peer.url not in wanted:
+                self._drop(key)
+        for url, peer_id in wanted.items():
+            if f"out:{url}" not in self._peers:
+                self._add_outbound(url, "admin", peer_id)
+        self._publish()
+
+    def _add_outbound(self, url: str, source: str, peer_id: int | None) -> None:
+        key = f"out:{url}"
+        if key in self._peers:
+            return
+        peer = self._peers[key] = Peer(url=url, direction="outbound", source=source, peer_id=peer_id)
+        self._tasks[key] = asyncio.create_task(self._keep_in_touch(peer))
+
+    def _drop(self, key: str) -> None:
+        self._peers.pop(key, None)
+        task = self._tasks.pop(key, None)
+        if task is not None:
+            task.cancel()
+
+    # -- the admin API -----------------------------------------------------------------
+
+    def add_peer(self, url: str, actor: Actor) -> dict[str, Any]:
+        """Store a peer (in a worker thread); ``reload_peers`` then connects to it."""
+        if not self.enabled:
+            raise InvalidRequest("this node is not in a mesh: set ARBITER_MESH_KEY first")
+        url = normalized_url(url)
+        with self._database.session() as session:
+            if session.scalar(select(MeshPeer).where(MeshPeer.url == url)) is not None:
+                raise Conflict(f"peer {url} is already added")
+            row = MeshPeer(url=url)
+            session.add(row)
+            session.flush()
+            audit.record(session, actor=actor.name, action="mesh.peer.add", target=f"mesh-peer:{url}",
+                         request_id=actor.request_id)
+            return {"id": row.id, "url": url}
+
+    def remove_peer(self, peer_id: int, actor: Actor) -> None:
+        with self._database.session() as session:
+            row = session.get(MeshPeer, peer_id)
+            if row is None:
+                raise NotFound(f"mesh peer {peer_id} does not exist (peers from ARBITER_MESH_PEERS "
+                               "cannot be removed here)")
+            audit.record(session, actor=actor.name, action="mesh.peer.remove", target=f"mesh-peer:{row.url}",
+                         request_id=actor.request_id)
+            session.delete(row)
+
+    def status(self) -> dict[str, Any]:
+        return {"enabled": self.enabled,
+                "node": {"name": self.name, "url": self.url, "version": VERSION, "decision_models": True},
+                "peers": [p.view() for p in self._peers.values()],
+                "refused": list(self._refused)}
+
+    def too_old_peers(self) -> list[Peer]:
+        """Known peers whose version does not know decision models."""
+        return [p for p in self._peers.values()
+                if p.decision_models is False and p.state in ("connected", "refused_us")]
+
+    def check_decision_install(self, capabilities: list[str]) -> None:
+        """Conflict (409, ``mesh_warning``) before a decision model is installed while a known peer
+        is too old for it: the peer will refuse this node's model list from then on."""
+        if "decision" not in capabilities:
+            return
+        old = self.too_old_peers()
+        if old:
+            names = ", ".join(f"{p.name} (version {p.version})" for p in old)
+            raise MeshWarning(f"mesh peer {names} does not know decision models: once this node has a "
+                              "decision model, that peer refuses this node's model list and the two stop "
+                              "sharing models. Send the request again with \"confirm\": true to install anyway.")
+
+    # -- exchanges this node starts --------------------------------------------------
+
+    async def _keep_in_touch(self, peer: Peer) -> None:
+        while True:
+            try:
+                await self._exchange(peer)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let one peer's surprise stop the loop
+                log.exception("mesh exchange with %s failed unexpectedly", peer.url)
+                self._set_state(peer, "error", "internal error in the exchange; see the logs")
+            if peer.state in ("connected", "refused_us"):
+                peer.failures = 0
+                delay = self.interval
+            else:
+                peer.failures += 1
+                delay = min(self.interval * 2 ** min(peer.failures - 1, 16),
+                            max(self.interval, self._settings.mesh_max_backoff))
+            self._publish()
+            await asyncio.sleep(delay * random.uniform(0.85, 1.0))
+
+    async def _exchange(self, peer: Peer) -> None:
+        assert self._client is not None and self.auth is not None and peer.url is not None
+        body = orjson.dumps(self._announcement(peer.name))
+        authorization, nonce = self.auth.sign("POST", EXCHANGE_PATH, body)
+        url = peer.url + EXCHANGE_PATH
+        try:
+            async with self._client.stream("POST", url, content=body, headers={
+                    "Authorization": authorization, "Content-Type": "application/json"}) as response:
+                answer = await _read_capped(response)
+        except httpx.TimeoutException:
+            self._lost(peer, f"{peer.url} did not answer within {self._client.timeout.read:g}s")
+            return
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            self._lost(peer, f"cannot reach {peer.url}: {type(exc).__name__}")
+            return
+        if response.status_code in (401, 403):
+            self._set_state(peer, "key_rejected", f"peer {peer.name or peer.url} refused this node's mesh key "
+                                                  f"(HTTP {response.status_code}): every node of a mesh needs "
+                                                  "the same ARBITER_MESH_KEY", level=logging.ERROR)
+            return
+        if response.status_code != 200:
+            self._lost(peer, f"{peer.url} answered HTTP {response.status_code} to the model-list exchange "
+                             "(is it an Arbiter with the mesh on?)")
+            return
+        if not self.auth.answer_valid(nonce, answer, response.headers.get(PROOF_HEADER)):
+            self._lost(peer, f"{peer.url} answered without proving it holds the mesh key; ignored",
+                       state="unproven", level=logging.ERROR)
+            return
+        try:
+            announcement = self._reader.read(orjson.loads(answer))
+        except (orjson.JSONDecodeError, BadAnnouncement) as exc:
+            self._lost(peer, f"{peer.url} sent an unreadable model list: {exc}")
+            return
+        if announcement.node == self.name:
+            self._lost(peer, f"{peer.url} is this node itself (the same node name {self.name})")
+            return
+        self._heard(peer, announcement)
+        if announcement.accepted:
+            self._set_state(peer, "connected", None)
+        else:
+            self._set_state(peer, "refused_us",
+                            f"peer {announcement.node} (version {announcement.version}) refused this node's "
+                            f"model list: {announcement.reason or 'no reason given'}", level=logging.ERROR)
+
+    def _heard(self, peer: Peer, announcement: Announcement) -> None:
+        peer.name, peer.version = announcement.node, announcement.version
+        peer.decision_models, peer.models = announcement.decision_models, announcement.models
+        peer.last_contact, peer.seen = dt.datetime.now(dt.UTC), time.monotonic()
+        if announcement.refused != peer.refused_by_peer:
+            peer.refused_by_peer = announcement.refused
+            if announcement.refused:
+                log.error("mesh peer %s refused this node's model list: %s", peer.name, announcement.refused)
+
+    def _lost(self, peer: Peer, error: str, *, state: str = "unreachable", level: int = logging.WARNING) -> None:
+        peer.models = []  # withdrawn: requests must not go where nothing answers
+        self._set_state(peer, state, error, level=level)
+
+    def _set_state(self, peer: Peer, state: str, error: str | None, *, level: int = logging.WARNING) -> None:
+        if (state, error) != (peer.state, peer.error):
+            if error is None:
+                log.info("mesh peer %s (%s) connected", peer.name, peer.url)
+            else:
+                log.log(level, "mesh peer %s: %s", peer.name or peer.url, error)
+        peer.state, peer.error = state, error
+
+    # -- exchanges peers start -------------------------------------------------------
+
+    def receive(self, authorization: str | None, body: bytes, address: str | None) -> tuple[int, bytes, dict[str, str]]:
+        """A peer's exchange: ``(status, body, headers)`` of the answer."""
+        if self.auth is None:
+            return _error(NotFound("this node is not in a mesh"))
+        try:
+            if authorization is None or not authorization.startswith("ArbiterMesh "):
+                raise AuthenticationFailed("a mesh credential is needed")
+            claim = self.auth.claim(authorization, "POST", EXCHANGE_PATH)
+            self.auth.verify(claim, body)
+        except AuthenticationFailed as error:
+            claimed = _claimed_node(authorization)
+            self._refused.append({"at": dt.datetime.now(dt.UTC).isoformat(), "peer": claimed,
+                                  "address": address, "reason": error.message})
+            log.warning("refused a mesh exchange from %s (claims to be %s): %s", address, claimed, error.message)
+            return _error(error)
+        try:
+            announcement = self._reader.read(orjson.loads(body))
+        except (orjson.JSONDecodeError, BadAnnouncement) as exc:
+            return _error(InvalidRequest(f"unreadable model list: {exc}"))
+        if announcement.node != claim.node:
+            return _error(InvalidRequest("the model list's node is not the node that signed it"))
+        if announcement.node == self.name:
+            return _error(Conflict(f"this node is also called {self.name}; every node needs its own name"))
+        key = f"in:{announcement.node}"
+        peer = self._peers.get(key)
+        if peer is None:
+            peer = self._peers[key] = Peer(url=announcement.url, direction="inbound", source="inbound")
+            log.info("mesh peer %s (%s) connected to this node", announcement.node, announcement.url)
+        peer.url = announcement.url
+        self._heard(peer, announcement)
+        peer.state, peer.error = "connected", None
+        self._publish()
+        answer = orjson.dumps({**self._announcement(announcement.node), "accepted": True, "reason": None})
+        return 200, answer, {PROOF_HEADER: self.auth.answer_proof(claim.nonce, answer)}
+
+    # -- what this node announces, and the routes it takes -----------------------------
+
+    def _announcement(self, for_node: str | None) -> dict[str, Any]:
+        """This node's models, and the mesh's models it can reach through others than ``for_node``
+        (routes through ``for_node`` would send its requests back to it)."""
+        models: dict[str, dict[str, Any]] = {}
+        for entry in self._registry.entries():
+            models[entry.public_name] = model_entry(entry.public_name, entry.replicas[0].service_type,
+                                                    entry.capabilities, [self.name])
+        for node, peer in self._usable().items():
+            if node == for_node:
+                continue
+            for model in peer.models:
+                path = (*model.path, self.name)
+                if model.name in models and len(models[model.name]["path"]) <= len(path):
+                    continue
+                if self.name in model.path or (for_node is not None and for_node in model.path):
+                    continue
+                if len(path) > self.max_hops:
+                    continue
+                models[model.name] = model_entry(model.name, model.type, model.capabilities, path)
+        return {"protocol": PROTOCOL, "node": self.name, "url": self.url, "version": VERSION,
+                "decision_models": True, "refused": None, "models": list(models.values())}
+
+    def _usable(self) -> dict[str, Peer]:
+        """Per node, the freshest link that may take requests."""
+        now = time.monotonic()
+        stale = 3 * self.interval
+        best: dict[str, Peer] = {}
+        for peer in self._peers.values():
+            if peer.state != "connected" or peer.name is None or peer.url is None:
+                continue
+            if peer.direction == "inbound" and now - peer.seen > stale:
+                continue
+            known = best.get(peer.name)
+            if known is None or peer.seen > known.seen:
+                best[peer.name] = peer
+        return best
+
+    def _publish(self) -> None:
+        """Hand the mesh's current models to the registry."""
+        usable = self._usable()
+        entries: dict[str, ModelEntry] = {}
+        live: set[tuple[str, str]] = set()
+        for node, peer in usable.items():
+            assert peer.url is not None
+            for model in peer.models:
+                if self.name in model.path or len(model.path) > self.max_hops:
+                    continue
+                replica = self._replica(node, peer.url, model, legacy=peer.decision_models is False)
+                live.add((node, model.name))
+                entries.setdefault(model.name, ModelEntry(model.name)).replicas.append(replica)
+        blocked: dict[str, dict[str, ArbiterError]] = {}
+        for peer in self._peers.values():
+            if peer.state not in ("key_rejected", "refused_us") or peer.name in usable:
+                continue
+            for model in peer.models:
+                if model.name not in entries:
+                    blocked[model.name] = _blocked_errors(model.name, peer)
+        self._replicas = {k: r for k, r in self._replicas.items() if k in live}
+        urls = {p.url for p in usable.values()}
+        for url in [u for u in self._backends if u not in urls]:
+            backend = self._backends.pop(url)
+            asyncio.get_running_loop().create_task(backend.aclose())
+        self._registry.set_remote(entries, blocked)
+
+    def _replica(self, node: str, url: str, model: RemoteModel, *, legacy: bool) -> Replica:
+        backend = self._backends.get(url)
+        if backend is None:
+            assert self.auth is not None
+            backend = self._backends[url] = MeshBackend(
+                url, self.auth, connect_timeout=self._settings.backend_connect_timeout,
+                pool_size=self._settings.backend_pool_size)
+        replica = self._replicas.get((node, model.name))
+        if replica is None or replica.backend is not backend:
+            replica = self._replicas[(node, model.name)] = Replica(
+                self._id(node), node, "mesh", backend, model.name, model.capabilities, _UNLIMITED_TEXT,
+                self._settings.backend_timeout + 5.0, 0, legacy=legacy)
+        else:  # the same object: in-flight counts stay true
+            replica.capabilities, replica.legacy = model.capabilities, legacy
+        return replica
+
+    def _id(self, node: str) -> int:
+        """A stable negative id per node, so back-off of a mesh route never meets a service's."""
+        if node not in self._ids:
+            self._ids[node] = -(len(self._ids) + 1)
+        return self._ids[node]
+
+
+class MeshWarning(Conflict):
+    error_type = "mesh_warning"
+
+
+def configured_peers(value: str) -> list[str]:
+    return [normalized_url(part) for part in value.split(",") if part.strip()]
+
+
+def normalized_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")) or len(url) > 500 or " " in url:
+        raise InvalidRequest(f"a mesh peer is a base URL such as http://node-b:8080, not {url[:100]!r}")
+    return url
+
+
+def _blocked_errors(name: str, peer: Peer) -> dict[str, ArbiterError]:
+    if peer.state == "key_rejected":
+        error: ArbiterError = UpstreamAuthFailed(f"model '{name}' is on mesh node '{peer.name}', which rejected "
+                                                 "this node's mesh key; every node needs the same ARBITER_MESH_KEY")
+        return {"decision": error, "chat": error}
+    why = (f"mesh node '{peer.name}' (version {peer.version}) does not know decision models and refused "
+           "this node's model list")
+    return {"decision": Unsupported(f"model '{name}' is only on {why}; it cannot answer decisions"),
+            "chat": NotFound(f"model '{name}' is only on {why}")}
+
+
+def _claimed_node(authorization: str | None) -> str | None:
+    if not authorization or not authorization.startswith("ArbiterMesh "):
+        return None
+    parts = authorization.split(";")
+    return parts[1][:100] if len(parts) > 1 else None
+
+
+def _error(error: ArbiterError) -> tuple[int, bytes, dict[str, str]]:
+    return error.status, error.body(), dict(error.headers or {})
+
+
+async def _read_capped(response: httpx.Response) -> bytes:
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > MAX_EXCHANGE_BYTES:
+            raise ValueError("model list over the size cap")
+        parts.append(chunk)
+    return b"".join(parts)

@@ -1,0 +1,47 @@
+"""A stand-in for a mesh node of an older Arbiter, one that does not know decision models.
+
+It speaks the mesh exchange (signed with the mesh key, both ways) and behaves as such a node
+would: it refuses, as a whole, the model list of a peer that reports a decision model, and it
+announces its own models (none of which can answer decisions) with ``decision_models: false``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from app.errors import AuthenticationFailed
+from app.mesh.auth import PROOF_HEADER, MeshAuth
+from app.mesh.protocol import EXCHANGE_PATH
+
+VERSION = "0.9.0"
+
+
+def make_old_peer_app(key: str, name: str = "old-node", models: list[dict[str, Any]] | None = None) -> web.Application:
+    auth = MeshAuth(key, name)
+    announced = models if models is not None else [
+        {"name": "legacy-chat", "type": "ollama", "capabilities": ["completion"], "path": [name]}]
+
+    async def exchange(request: web.Request) -> web.Response:
+        body = await request.read()
+        try:
+            claim = auth.claim(request.headers.get("Authorization", ""), "POST", EXCHANGE_PATH)
+            auth.verify(claim, body)
+        except AuthenticationFailed as error:
+            return web.json_response({"error": error.message}, status=401)
+        theirs = orjson.loads(body)
+        decision = [m["name"] for m in theirs.get("models", []) if "decision" in m.get("capabilities", [])]
+        answer: dict[str, Any] = {"protocol": 1, "node": name, "url": None, "version": VERSION,
+                                  "decision_models": False, "models": announced, "accepted": not decision,
+                                  "reason": (f"this node (version {VERSION}) does not know decision models; it "
+                                             f"refuses a model list that has one ({', '.join(decision)})")
+                                  if decision else None}
+        raw = orjson.dumps(answer)
+        return web.Response(body=raw, content_type="application/json",
+                            headers={PROOF_HEADER: auth.answer_proof(claim.nonce, raw)})
+
+    app = web.Application()
+    app.router.add_post(EXCHANGE_PATH, exchange)
+    return app

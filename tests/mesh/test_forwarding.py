@@ -1,0 +1,244 @@
+"""Nodes in one process, each with its own database and emulated Ollama: models shared,
+requests forwarded, checked and billed on the entry node only."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+import orjson
+from prometheus_client import generate_latest
+from sqlalchemy import func, select
+
+from app.db.models import AuditEntry, UsageRecord
+from app.mesh.auth import MeshAuth
+from tests.api.public.openai_sdk import QUESTIONS, TICKET
+from tests.mesh.conftest import MESH_KEY, Node
+from tests.support import assert_error, decision, wait_for
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _usage(node: Node) -> list[UsageRecord]:
+    """What the node billed for answered requests."""
+    with node.stack.db.session() as session:
+        return list(session.scalars(select(UsageRecord).where(UsageRecord.status == 200)))
+
+
+def _metrics(node: Node) -> str:
+    return generate_latest(node.gateway.app.components.metrics.registry).decode()
+
+
+def _answers(node: Node, model: str) -> bool:
+    return node.client().post("/v1/systemone", json=decision(model)).status_code == 200
+
+
+def _missing(node: Node, model: str) -> bool:
+    return node.client().post("/v1/systemone", json=decision(model)).status_code == 404
+
+
+def test_a_model_on_a_peer_answers_through_this_node_and_is_billed_once(mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"tev1": ["decision"]})
+    a = mesh_node("node-a", peers=[b.url])
+    wait_for(lambda: _answers(a, "tev1"))
+    before = len(b.ollama.requests)
+    response = a.client().post("/v1/systemone", json=decision("tev1"), headers={"traceparent": TRACEPARENT})
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == "tev1"
+    forwarded = b.ollama.requests[before:]
+    assert [r.path for r in forwarded] == ["/v1/systemone"]
+    assert forwarded[0].header("traceparent") == TRACEPARENT
+    assert forwarded[0].json["questions"] == decision("tev1")["questions"]  # order and content kept
+
+    # Billed once, on the entry node, to the caller's project; the node that served it records nothing.
+    wait_for(lambda: len(_usage(a)) >= 2)
+    rows = _usage(a)
+    assert {r.provider for r in rows} == {"mesh"} and {r.model for r in rows} == {"tev1"}
+    assert all(r.project_id is not None and r.input_tokens > 0 for r in rows)
+    time.sleep(0.3)
+    assert _usage(b) == []
+    assert 'gen_ai_provider_name="mesh"' in _metrics(a)
+    assert 'gen_ai_request_model="tev1"' in _metrics(a)
+    assert "gen_ai_client_token_usage_count{" not in _metrics(b)
+
+
+def test_three_nodes_in_a_line(mesh_node: Callable[..., Node]) -> None:
+    c = mesh_node("node-c", models={"tev1": ["decision"]})
+    b = mesh_node("node-b", peers=[c.url])
+    a = mesh_node("node-a", peers=[b.url])
+    wait_for(lambda: _answers(a, "tev1"))
+    route = next(m for p in a.mesh()["peers"] for m in p["models"] if m["name"] == "tev1")
+    assert route["hops"] == 2 and route["path"] == ["node-c", "node-b"]
+    # A tenant of A sees the mesh's models in its list.
+    listed = a.client().get("/v1/models").json()["data"]
+    assert [m["id"] for m in listed] == ["tev1"] and listed[0]["owned_by"] == "mesh"
+
+
+def test_links_work_both_ways(mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b")
+    a = mesh_node("node-a", models={"nimble": ["decision"]}, peers=[b.url])
+    wait_for(lambda: _answers(b, "nimble"))
+    peer = b.peer("node-a")
+    assert peer is not None and peer["direction"] == "inbound" and peer["state"] == "connected"
+    assert peer["url"] == a.url
+
+
+def test_removal_and_peer_loss_show_up_within_seconds(mesh_node: Callable[..., Node]) -> None:
+    c = mesh_node("node-c", models={"tev1": ["decision"], "nimble": ["decision"]})
+    b = mesh_node("node-b", peers=[c.url])
+    a = mesh_node("node-a", peers=[b.url])
+    wait_for(lambda: _answers(a, "tev1") and _answers(a, "nimble"))
+
+    assert c.admin().delete("/admin/services/ollama/models/tev1").status_code == 204
+    started = time.monotonic()
+    wait_for(lambda: _missing(a, "tev1"), timeout=5)
+    assert time.monotonic() - started < 5
+    assert _answers(a, "nimble")
+
+    c.gateway.stop()
+    started = time.monotonic()
+    wait_for(lambda: _missing(a, "nimble"), timeout=5)
+    assert time.monotonic() - started < 5
+    peer = b.peer("node-c")
+    assert peer is not None and peer["state"] == "unreachable" and "cannot reach" in peer["error"]
+
+
+def test_a_wrong_mesh_key_is_refused_and_both_sides_say_so(mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"tev1": ["decision"]})
+    a = mesh_node("node-a", peers=[b.url], mesh_key="not-the-mesh-key")
+    wait_for(lambda: (a.mesh()["peers"][0]["state"] == "key_rejected"))
+    peer = a.mesh()["peers"][0]
+    assert "refused this node's mesh key" in peer["error"] and peer["models"] == []
+    refused = wait_for(lambda: b.mesh()["refused"])
+    assert refused[-1]["peer"] == "node-a" and "wrong mesh key" in refused[-1]["reason"]
+    assert refused[-1]["address"] == "127.0.0.1"
+    assert _missing(a, "tev1")
+    assert b.peer("node-a") is None  # never joined
+
+
+def test_a_peer_that_stops_taking_this_nodes_key_gives_500(mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"tev1": ["decision"]})
+    a = mesh_node("node-a", peers=[b.url])
+    wait_for(lambda: _answers(a, "tev1"))
+    b.gateway.app.components.mesh.auth._key = b"rotated on node-b only"  # type: ignore[union-attr]
+    # A request that meets the new key at once, and later ones after the exchange noticed.
+    response = a.client().post("/v1/systemone", json=decision("tev1"))
+    assert_error(response, 500, "upstream_auth_error")
+    assert "mesh key" in response.json()["error"]
+    wait_for(lambda: a.peer("node-b")["state"] == "key_rejected")  # type: ignore[index]
+    response = a.client().post("/v1/systemone", json=decision("tev1"))
+    assert_error(response, 500, "upstream_auth_error")
+    assert "node-b" in response.json()["error"]
+
+
+def test_checks_run_on_the_entry_node(mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"tev1": ["decision"], "nimble": ["decision"]})
+    a = mesh_node("node-a", peers=[b.url])
+    wait_for(lambda: _answers(a, "tev1"))
+    limited = a.stack.new_project("limited", models=["nimble"])
+    before = len(b.ollama.requests)
+    response = a.gateway.client(limited).post("/v1/systemone", json=decision("tev1"))
+    assert_error(response, 403, "permission_error")
+    assert len(b.ollama.requests) == before  # never left the entry node
+    assert a.gateway.client(limited).post("/v1/systemone", json=decision("nimble")).status_code == 200
+
+
+def test_chat_goes_through_the_mesh_too(mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"llama3.2": ["completion"]})
+    a = mesh_node("node-a", peers=[b.url])
+    body = {"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}]}
+    wait_for(lambda: a.client().post("/v1/chat/completions", json=body).status_code == 200)
+    answer = a.client().post("/v1/chat/completions", json=body).json()
+    assert answer["model"] == "llama3.2"
+    with a.client().stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as stream:
+        assert stream.status_code == 200
+        text = b"".join(stream.iter_bytes())
+    assert b"data: [DONE]" in text
+
+
+def test_forwarded_requests_need_the_mesh_credential(mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"tev1": ["decision"]})
+    body = orjson.dumps(decision("tev1"))
+    good = MeshAuth(MESH_KEY, "node-x")
+    with httpx.Client(base_url=b.url) as client:
+        authorization, _ = good.sign("POST", "/v1/systemone", body)
+        ok = client.post("/v1/systemone", content=body, headers={"Authorization": authorization})
+        assert ok.status_code == 200, ok.text
+        # The same credential again (a replay), a wrong key, another body, a made-up scheme.
+        assert_error(client.post("/v1/systemone", content=body, headers={"Authorization": authorization}),
+                     401, "authentication_error")
+        wrong, _ = MeshAuth("another key", "node-x").sign("POST", "/v1/systemone", body)
+        assert_error(client.post("/v1/systemone", content=body, headers={"Authorization": wrong}),
+                     401, "authentication_error")
+        signed, _ = good.sign("POST", "/v1/systemone", body)
+        assert_error(client.post("/v1/systemone", content=body.replace(b"tev1", b"tev2"),
+                                 headers={"Authorization": signed}), 401, "authentication_error")
+        assert_error(client.post("/v1/systemone", content=body, headers={"Authorization": "ArbiterMesh v1;x"}),
+                     401, "authentication_error")
+    time.sleep(0.3)
+    assert _usage(b) == []  # a forwarded request is billed by the node it entered
+
+
+def test_a_standalone_node_refuses_mesh_credentials(mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"tev1": ["decision"]}, mesh_key=None)
+    body = orjson.dumps(decision("tev1"))
+    authorization, _ = MeshAuth(MESH_KEY, "node-x").sign("POST", "/v1/systemone", body)
+    response = httpx.post(f"{b.url}/v1/systemone", content=body, headers={"Authorization": authorization})
+    assert_error(response, 401, "authentication_error")
+    assert b.mesh()["enabled"] is False
+    assert httpx.post(f"{b.url}/mesh/v1/exchange", content=b"{}").status_code == 404
+
+
+def test_tenants_cannot_send_hop_headers(mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"tev1": ["decision"]})
+    a = mesh_node("node-a", peers=[b.url])
+    wait_for(lambda: _answers(a, "tev1"))
+    before = len(b.ollama.requests)
+    response = a.client().post("/v1/systemone", json=decision("tev1"),
+                               headers={"X-Arbiter-Mesh-Hops": "99", "X-Arbiter-Mesh-Proof": "forged"})
+    assert response.status_code == 200
+    assert "X-Arbiter-Mesh-Proof".lower() not in {k.lower() for k in b.ollama.requests[before].headers}
+
+
+def test_the_hop_limit_stops_a_request(mesh_node: Callable[..., Node]) -> None:
+    c = mesh_node("node-c", models={"tev1": ["decision"]})
+    b = mesh_node("node-b", peers=[c.url], mesh_max_hops=2)
+    wait_for(lambda: b.gateway.app.components.registry.get("tev1") is not None)
+    body = orjson.dumps(decision("tev1"))
+    auth = MeshAuth(MESH_KEY, "node-x")
+    for hops, status in ((1, 200), (2, 404)):
+        authorization, _ = auth.sign("POST", "/v1/systemone", body, hops)
+        response = httpx.post(f"{b.url}/v1/systemone", content=body, headers={"Authorization": authorization})
+        assert response.status_code == status, response.text
+
+
+def test_peers_added_and_removed_through_the_admin_api(mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"tev1": ["decision"]})
+    a = mesh_node("node-a")
+    assert a.mesh()["peers"] == []
+    added = a.admin().post("/admin/mesh/peers", json={"url": b.url + "/"})
+    assert added.status_code == 201, added.text
+    assert added.json()["url"] == b.url
+    assert_error(a.admin().post("/admin/mesh/peers", json={"url": b.url}), 409, "conflict_error")
+    assert_error(a.admin().post("/admin/mesh/peers", json={"url": "ftp://x"}), 400, "invalid_request_error")
+    wait_for(lambda: _answers(a, "tev1"))
+    assert a.admin().delete(f"/admin/mesh/peers/{added.json()['id']}").status_code == 204
+    wait_for(lambda: _missing(a, "tev1"), timeout=5)
+    assert_error(a.admin().delete("/admin/mesh/peers/999"), 404, "not_found_error")
+    assert a.client().get("/admin/mesh").status_code == 401  # a project key cannot see it
+    with a.stack.db.session() as session:
+        actions = list(session.scalars(select(AuditEntry.action).where(AuditEntry.action.like("mesh.%"))))
+        assert actions == ["mesh.peer.add", "mesh.peer.remove"]
+        assert session.scalar(select(func.count()).select_from(AuditEntry)) >= 2
+
+
+def test_the_openai_decisions_api_goes_through_the_mesh(mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"nimble": ["decision"]})
+    a = mesh_node("node-a", peers=[b.url])
+    body = {"model": "nimble", "input": TICKET, "questions": QUESTIONS}
+    answer = wait_for(lambda: (r := a.client().post("/v1/decisions", json=body)).status_code == 200 and r)
+    assert answer.json()["model"] == "nimble"
+    assert [x["name"] for x in answer.json()["answers"]] == ["damaged", "department", None]
+    wait_for(lambda: any(r.operation == "decision" and r.provider == "mesh" and r.status == 200
+                         for r in _usage(a)))

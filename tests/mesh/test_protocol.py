@@ -1,0 +1,91 @@
+"""Reading peers' announcements, and the mesh credential, without a network."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+
+from app.errors import AuthenticationFailed
+from app.mesh.auth import MeshAuth
+from app.mesh.protocol import BadAnnouncement, Reader
+
+
+def _announcement(**extra: Any) -> dict[str, Any]:
+    return {"protocol": 1, "node": "node-b", "url": "http://b:8080", "version": "0.2.0",
+            "decision_models": True, "models": [], **extra}
+
+
+def test_a_newer_peers_unknown_types_and_fields_are_skipped_one_by_one(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="arbiter.mesh")
+    reader = Reader()
+    read = reader.read(_announcement(quorum=3, models=[
+        {"name": "nimble", "type": "ollama", "capabilities": ["decision"], "path": ["node-b"]},
+        {"name": "quantum-1", "type": "qpu", "capabilities": ["decision"]},
+        {"name": "clef", "type": "vllm", "capabilities": ["decision", "vision", "smell"], "price": 3},
+        {"name": "", "type": "ollama", "capabilities": []},
+        "not an object",
+        {"name": "loop", "type": "ollama", "capabilities": [], "path": ["node-b", "node-c"]},
+        {"name": "caps", "type": "ollama", "capabilities": "decision"},
+    ]))
+    assert [(m.name, sorted(m.capabilities), m.path) for m in read.models] == [
+        ("nimble", ["decision"], ("node-b",)), ("clef", ["decision", "vision"], ("node-b",))]
+    messages = [r.getMessage() for r in caplog.records]
+    for expected in ("unknown field 'quorum'", "unknown type 'qpu'", "unknown capabilities ['smell']",
+                     "unknown model field 'price'", "without a valid name", "not an object",
+                     "malformed path", "without a list of capabilities"):
+        assert any(expected in m for m in messages), (expected, messages)
+    # The same surprise every second is logged once.
+    count = len(caplog.records)
+    reader.read(_announcement(quorum=3))
+    assert len(caplog.records) == count
+
+
+@pytest.mark.parametrize("data", [[], "x", {"node": ""}, {"node": "bad name with spaces"}, {"models": []}])
+def test_an_announcement_without_a_node_is_refused_whole(data: Any) -> None:
+    with pytest.raises(BadAnnouncement):
+        Reader().read(data)
+
+
+def test_an_answer_without_accepted_counts_as_accepted() -> None:
+    assert Reader().read(_announcement()).accepted is True
+    refused = Reader().read(_announcement(accepted=False, reason="too new for me"))
+    assert (refused.accepted, refused.reason) == (False, "too new for me")
+
+
+def test_signatures_bind_key_body_path_hops_and_salt() -> None:
+    sender, receiver = MeshAuth("k", "node-a"), MeshAuth("k", "node-b")
+    header, _ = sender.sign("POST", "/v1/systemone", b"{}", hops=2, salt="ab" * 16)
+    claim = receiver.claim(header, "POST", "/v1/systemone")
+    assert (claim.node, claim.hops, claim.salt) == ("node-a", 2, "ab" * 16)
+    receiver.verify(claim, b"{}")
+    for method, path, body in (("POST", "/v1/systemone", b"{ }"), ("POST", "/api/chat", b"{}")):
+        fresh, _ = sender.sign("POST", "/v1/systemone", b"{}", hops=2)
+        with pytest.raises(AuthenticationFailed):
+            receiver.verify(receiver.claim(fresh, method, path), body)
+    tampered = header.replace(";2;", ";1;")
+    with pytest.raises(AuthenticationFailed):
+        receiver.verify(receiver.claim(tampered, "POST", "/v1/systemone"), b"{}")
+
+
+def test_old_credentials_and_malformed_ones_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    auth = MeshAuth("k", "node-a")
+    header, _ = auth.sign("POST", "/p", b"")
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 120)
+    with pytest.raises(AuthenticationFailed, match="time window"):
+        auth.claim(header, "POST", "/p")
+    for bad in ("ArbiterMesh ", "ArbiterMesh v2;a;1;2;3;-;4", "ArbiterMesh v1;a b;1;" + "0" * 32 + ";1;-;" + "0" * 64):
+        with pytest.raises(AuthenticationFailed, match="malformed"):
+            auth.claim(bad, "POST", "/p")
+
+
+def test_an_answer_proves_the_peer_holds_the_key() -> None:
+    ours, theirs, impostor = MeshAuth("k", "a"), MeshAuth("k", "b"), MeshAuth("other", "b")
+    _, nonce = ours.sign("POST", "/mesh/v1/exchange", b"{}")
+    assert ours.answer_valid(nonce, b"answer", theirs.answer_proof(nonce, b"answer"))
+    assert not ours.answer_valid(nonce, b"answer", impostor.answer_proof(nonce, b"answer"))
+    assert not ours.answer_valid(nonce, b"changed", theirs.answer_proof(nonce, b"answer"))
+    assert not ours.answer_valid(nonce, b"answer", None)
