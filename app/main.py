@@ -39,6 +39,7 @@ from app.decisions.openapi import (
     lean_route_openapi,
 )
 from app.settings import Settings
+from app.ui import routes as ui_routes
 
 
 class Arbiter:
@@ -101,6 +102,7 @@ def _build_fastapi(components: Components) -> FastAPI:
     app.include_router(admin_services.router)
     app.include_router(admin_models.router)
     app.include_router(admin_usage.router)
+    app.include_router(ui_routes.router)  # the admin web UI at /ui
     app.include_router(admin_mesh.router)
     app.include_router(mesh_routes.router)
 

@@ -88,6 +88,11 @@ class Settings(BaseSettings):
     mesh_max_backoff: float = Field(8.0, description="Longest wait between reconnects to a peer that is down.")
     mesh_max_hops: int = Field(4, description="Most mesh hops a request may take.")
 
+    # The admin web UI (/ui).
+    ui_session_minutes: int = Field(
+        480, ge=1, le=7 * 24 * 60, description="Minutes a web UI sign-in lasts before it must be repeated."
+    )
+
     # Background writes.
     flush_interval: float = Field(1.0, description="Seconds between batched writes.")
 

@@ -258,6 +258,13 @@ def load_principal(session: Session, digest: str) -> Principal | None:
     )
 
 
+def principal_by_id(session: Session, key_id: int) -> Principal | None:
+    """The principal of key ``key_id`` as the database has it now (the web UI re-checks its
+    signed-in admin key with it on every request), or None for no such key."""
+    key = session.get(ApiKey, key_id) if 0 < key_id < 2**31 else None
+    return load_principal(session, key.digest) if key is not None else None
+
+
 def any_admin_key(session: Session) -> bool:
     return session.scalar(select(ApiKey.id).where(ApiKey.kind == "admin").limit(1)) is not None
 

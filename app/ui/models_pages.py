@@ -1,0 +1,196 @@
+"""Models: the catalog with installs (progress, cancel, the mesh warning), custom models, and a
+card for every installed model. The same calls as app/api/admin/models.py."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from sqlalchemy.orm import Session
+
+from app.api.admin.schemas import ModelInstallRequest, ModelUpdate
+from app.errors import ArbiterError, InvalidRequest, NotFound
+from app.services import catalog
+from app.services import service as services
+from app.ui.web import (
+    FORM_ERRORS,
+    Admin,
+    Form,
+    UiRoute,
+    components,
+    decimal,
+    message,
+    posted,
+    redirect,
+    render,
+    signed_in,
+    validated,
+)
+
+router = APIRouter(route_class=UiRoute)
+MESH_WARNING = "mesh_warning"
+_API_HINT = re.compile(r"\s*Send the request again with \"confirm\": true to install anyway\.")
+NOTICES = {"registered": "Model registered; its card is below.", "cancelled": "Install cancelled.",
+           "removed": "Model removed.", "renamed": "Model changed."}
+CAPABILITY_CHOICES = sorted(catalog.CAPABILITIES)
+
+
+async def _page(request: Request, admin: Admin, *, status: int = 200, errors: dict[str, str] | None = None,
+                warning: dict[str, Any] | None = None, values: dict[str, str] | None = None,
+                done: str = "", install: int | None = None, checked: list[str] | None = None) -> Response:
+    c = components(request)
+
+    def work(s: Session) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return ([services.service_view(x) for x in services.list_services(s)],
+                [services.model_view(m, x) for m, x in services.all_models(s)])
+    service_views, model_views = await c.in_session(work)
+    installs = await c.installer.recent(20)
+    return render(request, "models.html", admin, status=status, catalog=_catalog(service_views),
+                  services=service_views, cards=_cards(model_views), installs=installs,
+                  installed=_installed(model_views),
+                  gated=[s for s in service_views if not s["decisions_supported"]],
+                  capability_choices=CAPABILITY_CHOICES, errors=errors or {}, warning=warning,
+                  values=values or {}, checked=checked or [], notice=NOTICES.get(done), focus_install=install)
+
+
+def _catalog(service_views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for entry in catalog.entries():
+        fits = [s for s in service_views if s["type"] in entry.services]
+        rows.append({**entry.view(), "fits": fits,
+                     "gated": [s for s in fits if entry.kind == "decision" and not s["decisions_supported"]]})
+    return rows
+
+
+def _installed(model_views: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Catalog name -> the services that have it already."""
+    where: dict[str, list[str]] = {}
+    for view in model_views:
+        entry = catalog.find(view["backend_name"])
+        if entry is not None:
+            where.setdefault(entry.name, []).append(str(view["service"]))
+    return where
+
+
+def _cards(model_views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One card per public name; services that share it are replicas of one model."""
+    cards: dict[str, dict[str, Any]] = {}
+    for view in model_views:
+        card = cards.setdefault(view["public_name"], {"public_name": view["public_name"], "replicas": [],
+                                                      "capabilities": set()})
+        card["replicas"].append(view)
+        card["capabilities"].update(view["capabilities"])
+    for card in cards.values():
+        card["capabilities"] = sorted(card["capabilities"])
+        card["kind"] = catalog.model_kind(card["capabilities"])
+    return list(cards.values())
+
+
+@router.get("/models")
+async def models_page(request: Request, done: str = "", install: int | None = None) -> Response:
+    return await _page(request, await signed_in(request), done=done, install=install)
+
+
+@router.post("/models/install")
+async def install(request: Request) -> Response:
+    """A catalog model (form ``install:<name>``) or a custom one (form ``custom``)."""
+    admin = await signed_in(request)
+    form = await posted(request, admin)
+    custom = form.get("form") == "custom"
+    form_id = "custom" if custom else f"install:{form.get('model')}"
+    c = components(request)
+    try:
+        body = _install_body(form, custom)
+        service_id = _int(form.get("service"), "Choose a service to install on.")
+        name = await c.in_session(lambda s: _service_name(s, service_id))
+        # As POST /admin/services/{name}/models does: the mesh may warn first, unless confirmed.
+        guard = None if body.confirm else getattr(getattr(c, "mesh", None), "check_decision_install", None)
+        status, view = await c.installer.install(
+            name, body.model_dump(exclude_none=True, exclude={"confirm"}), admin.actor, guard)
+    except FORM_ERRORS as exc:
+        if isinstance(exc, ArbiterError) and exc.error_type == MESH_WARNING:
+            text = _API_HINT.sub("", exc.message)
+            return await _page(request, admin, status=409, values=form.values(),
+                               warning={"form": form_id, "message": text, "fields": form.values(),
+                                        "capabilities": form.getlist("capabilities")})
+        return await _page(request, admin, status=400, errors={form_id: message(exc)}, values=form.values(),
+                           checked=form.getlist("capabilities"))
+    if status == 202:
+        return redirect(f"/ui/models?install={view['id']}#install-{view['id']}")
+    return redirect("/ui/models?done=registered#cards")
+
+
+def _install_body(form: Form, custom: bool) -> ModelInstallRequest:
+    fields: dict[str, Any] = {"model": form.get("model"), "public_name": form.get("public_name") or None,
+                              "confirm": form.get("confirm") == "true"}  # "Install anyway", after the warning
+    if custom:
+        fields["capabilities"] = form.getlist("capabilities")
+        if not fields["capabilities"]:
+            raise InvalidRequest("Tick at least one capability of the custom model (a decision model: decision).")
+    return validated(ModelInstallRequest, {k: v for k, v in fields.items() if v is not None})
+
+
+def _service_name(s: Session, service_id: int) -> str:
+    found = next((x for x in services.list_services(s) if x.id == service_id), None)
+    if found is None:
+        raise NotFound("That service does not exist any more; reload the page")
+    return found.name
+
+
+def _int(raw: str, problem: str) -> int:
+    if not raw.isdigit():
+        raise InvalidRequest(problem)
+    return int(raw)
+
+
+@router.post("/models/installs/{install_id}/cancel")
+async def cancel(request: Request, install_id: int) -> Response:
+    admin = await signed_in(request)
+    await posted(request, admin)
+    try:
+        await components(request).installer.cancel(install_id, admin.actor)
+    except FORM_ERRORS as exc:
+        return await _page(request, admin, status=400, errors={f"install-{install_id}": message(exc)})
+    return redirect("/ui/models?done=cancelled")
+
+
+@router.post("/models/{model_id}/uninstall")
+async def uninstall(request: Request, model_id: int) -> Response:
+    admin = await signed_in(request)
+    await posted(request, admin)
+    c = components(request)
+
+    def names(s: Session) -> tuple[str, str]:
+        model, service = services.get_model(s, model_id)
+        return service.name, model.backend_name
+    try:
+        service_name, backend_name = await c.in_session(names)
+        await c.installer.uninstall(service_name, backend_name, admin.actor)
+    except FORM_ERRORS as exc:
+        return await _page(request, admin, status=400, errors={f"model-{model_id}": message(exc)})
+    return redirect("/ui/models?done=removed#cards")
+
+
+@router.post("/models/{model_id}")
+async def change(request: Request, model_id: int) -> Response:
+    """Rename a model (services sharing a public name are replicas) or set its own timeout."""
+    admin = await signed_in(request)
+    form = await posted(request, admin)
+    c = components(request)
+    try:
+        fields: dict[str, Any] = {}
+        if form.get("public_name"):
+            fields["public_name"] = form.get("public_name")
+        if form.get("timeout"):
+            fields["timeout"] = decimal(form, "timeout", "Timeout")
+        if form.get("clear_timeout"):
+            fields["timeout"] = None
+        if not fields:
+            raise InvalidRequest("Nothing to change: give a public name or a timeout")
+        changes = validated(ModelUpdate, fields).model_dump(exclude_unset=True)
+        await c.in_session(lambda s: services.update_model(s, model_id, admin.actor, changes))
+    except FORM_ERRORS as exc:
+        return await _page(request, admin, status=400, errors={f"model-{model_id}": message(exc)})
+    await c.changed_models()
+    return redirect("/ui/models?done=renamed#cards")

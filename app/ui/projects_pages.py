@@ -1,0 +1,182 @@
+"""Projects and their keys: create, allowlists, limits, archive, keys shown once, revoke. The
+same calls as app/api/admin/tenancy.py, with its change notifications."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from sqlalchemy.orm import Session
+
+from app.api.admin.schemas import KeyCreate, ProjectCreate, ProjectUpdate
+from app.errors import InvalidRequest, NotFound
+from app.services import service as services
+from app.tenancy import service as tenancy
+from app.ui.web import (
+    FORM_ERRORS,
+    Admin,
+    Form,
+    UiRoute,
+    components,
+    message,
+    posted,
+    redirect,
+    render,
+    signed_in,
+    validated,
+    whole,
+)
+
+router = APIRouter(route_class=UiRoute)
+NOTICES = {"created": "Project created.", "models": "Allowlist saved.", "limits": "Limits saved.",
+           "archived": "Project archived: its keys get 403 until it is unarchived.",
+           "unarchived": "Project unarchived.", "revoked": "Key revoked: requests with it now get 401."}
+
+
+def _project(s: Session, project_id: int) -> Any:
+    found = next((p for p in tenancy.list_projects(s) if p.id == project_id), None)
+    if found is None:
+        raise NotFound(f"project {project_id} does not exist")
+    return found
+
+
+def _model_names(s: Session) -> list[str]:
+    return sorted({m.public_name for m, _ in services.all_models(s)})
+
+
+@router.get("/projects")
+async def list_page(request: Request) -> Response:
+    return await _list(request, await signed_in(request))
+
+
+async def _list(request: Request, admin: Admin, *, status: int = 200, error: str | None = None,
+                values: dict[str, str] | None = None) -> Response:
+    def work(s: Session) -> tuple[list[dict[str, Any]], list[str]]:
+        return [tenancy.project_view(p) for p in tenancy.list_projects(s)], _model_names(s)
+    projects, names = await components(request).in_session(work)
+    return render(request, "projects.html", admin, status=status, projects=projects, model_names=names,
+                  error=error, values=values or {})
+
+
+@router.post("/projects")
+async def create(request: Request) -> Response:
+    admin = await signed_in(request)
+    form = await posted(request, admin)
+    try:
+        body = validated(ProjectCreate, {"name": form.get("name"), "models": _allowlist(form),
+                                         "organization": form.get("organization") or None})
+        project_id = await components(request).in_session(lambda s: tenancy.create_project(
+            s, body.name, admin.actor, models=body.models, organization=body.organization).id)
+    except FORM_ERRORS as exc:
+        return await _list(request, admin, status=400, error=message(exc), values=form.values())
+    return redirect(f"/ui/projects/{project_id}?done=created")
+
+
+def _allowlist(form: Form) -> Any:
+    """"all", or the ticked model names plus any typed in (comma-separated)."""
+    if form.get("scope", "all") == "all":
+        return "all"
+    typed = [m.strip() for m in form.get("more_models").split(",") if m.strip()]
+    return sorted(set(form.getlist("models")) | set(typed))
+
+
+async def _detail(request: Request, admin: Admin, project_id: int, *, status: int = 200,
+                  errors: dict[str, str] | None = None, new_key: dict[str, Any] | None = None,
+                  done: str = "") -> Response:
+    def work(s: Session) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+        project = _project(s, project_id)
+        keys = [tenancy.key_view(k, project.name) for k in tenancy.list_keys(s, project=project.name)]
+        return tenancy.project_view(project), keys, _model_names(s)
+    project, keys, names = await components(request).in_session(work)
+    allowed = project["models"] if isinstance(project["models"], list) else []
+    return render(request, "project.html", admin, status=status, project=project, keys=list(reversed(keys)),
+                  model_names=sorted(set(names) | set(allowed)), errors=errors or {}, new_key=new_key,
+                  notice=NOTICES.get(done))
+
+
+@router.get("/projects/{project_id}")
+async def detail_page(request: Request, project_id: int, done: str = "") -> Response:
+    return await _detail(request, await signed_in(request), project_id, done=done)
+
+
+async def _update(request: Request, project_id: int, form_id: str, fields: Any) -> Response:
+    """Apply a project change (``fields(form)`` gives update_project's arguments)."""
+    admin = await signed_in(request)
+    form = await posted(request, admin)
+    c = components(request)
+    try:
+        arguments = fields(form)
+        await c.in_session(lambda s: tenancy.update_project(s, _project(s, project_id).name, admin.actor,
+                                                            **arguments))
+    except FORM_ERRORS as exc:
+        return await _detail(request, admin, project_id, status=400, errors={form_id: message(exc)})
+    await c.changed_keys()
+    done = form_id if form_id != "archive" else ("archived" if arguments["archived"] else "unarchived")
+    return redirect(f"/ui/projects/{project_id}?done={done}")
+
+
+@router.post("/projects/{project_id}/models")
+async def set_models(request: Request, project_id: int) -> Response:
+    def fields(form: Form) -> dict[str, Any]:
+        body = validated(ProjectUpdate, {"models": _allowlist(form)})
+        return {"models": body.models, "set_models": True}
+    return await _update(request, project_id, "models", fields)
+
+
+@router.post("/projects/{project_id}/limits")
+async def set_limits(request: Request, project_id: int) -> Response:
+    def fields(form: Form) -> dict[str, Any]:
+        body = validated(ProjectUpdate, {
+            "requests_per_minute": whole(form, "requests_per_minute", "Requests per minute"),
+            "tokens_per_minute": whole(form, "tokens_per_minute", "Tokens per minute")})
+        return {"limits": {"requests_per_minute": body.requests_per_minute,
+                           "tokens_per_minute": body.tokens_per_minute}}
+    return await _update(request, project_id, "limits", fields)
+
+
+@router.post("/projects/{project_id}/archive")
+async def set_archived(request: Request, project_id: int) -> Response:
+    def fields(form: Form) -> dict[str, Any]:
+        if form.get("archived") not in ("true", "false"):
+            raise InvalidRequest("Archived must be true or false")
+        return {"archived": form.get("archived") == "true"}
+    return await _update(request, project_id, "archive", fields)
+
+
+@router.post("/projects/{project_id}/keys")
+async def create_key(request: Request, project_id: int) -> Response:
+    """A new project key, shown on this one page and never again."""
+    admin = await signed_in(request)
+    form = await posted(request, admin)
+    c = components(request)
+    try:
+        body = validated(KeyCreate, {"name": form.get("name"), "expires_at": form.get("expires_at") or None})
+
+        def work(s: Session) -> dict[str, Any]:
+            project = _project(s, project_id)
+            key, value = tenancy.create_key(s, c.hasher, admin.actor, kind="project", project=project.name,
+                                            name=body.name, expires_at=body.expires_at)
+            return {**tenancy.key_view(key, project.name), "key": value}
+        new_key = await c.in_session(work)
+    except FORM_ERRORS as exc:
+        return await _detail(request, admin, project_id, status=400, errors={"key": message(exc)})
+    return await _detail(request, admin, project_id, status=201, new_key=new_key)
+
+
+@router.post("/keys/{key_id}/revoke")
+async def revoke_key(request: Request, key_id: int) -> Response:
+    admin = await signed_in(request)
+    form = await posted(request, admin)
+    c = components(request)
+    project_id = whole(form, "project", "project") or 0
+    try:
+        def work(s: Session) -> None:
+            key = tenancy.get_key(s, key_id)
+            if key.project_id != project_id:
+                raise InvalidRequest("That key does not belong to this project; reload the page")
+            tenancy.revoke_key(s, key_id, admin.actor)
+        await c.in_session(work)
+    except FORM_ERRORS as exc:
+        return await _detail(request, admin, project_id, status=400, errors={f"key-{key_id}": message(exc)})
+    await c.changed_keys()
+    return redirect(f"/ui/projects/{project_id}?done=revoked")

@@ -1,0 +1,161 @@
+"""Services: their status, add, change, refresh and remove. The same domain calls, audit
+records and change notifications as the admin API's routes (app/api/admin/services.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from sqlalchemy.orm import Session
+
+from app.api.admin.schemas import ServiceCreate, ServiceUpdate
+from app.api.admin.services import with_backoffs
+from app.errors import InvalidRequest, NotFound
+from app.services import service as services
+from app.services import sync
+from app.services.backends import SERVICE_TYPES
+from app.ui.web import (
+    FORM_ERRORS,
+    Admin,
+    Form,
+    UiRoute,
+    components,
+    decimal,
+    message,
+    posted,
+    redirect,
+    render,
+    signed_in,
+    validated,
+    whole,
+)
+
+router = APIRouter(route_class=UiRoute)
+NOTICES = {"added": "Service added; its version and models were read.", "removed": "Service removed.",
+           "changed": "Service changed.", "refreshed": "Version and models read again."}
+
+
+def _service(s: Session, service_id: int) -> Any:
+    found = next((x for x in services.list_services(s) if x.id == service_id), None)
+    if found is None:
+        raise NotFound(f"service {service_id} does not exist")
+    return found
+
+
+async def _list(request: Request, admin: Admin, *, status: int = 200, error: str | None = None,
+                values: dict[str, str] | None = None, done: str = "") -> Response:
+    c = components(request)
+    views = await c.in_session(lambda s: [services.service_view(x) for x in services.list_services(s)])
+    return render(request, "services.html", admin, status=status, services=[with_backoffs(v, c) for v in views],
+                  types=SERVICE_TYPES, error=error, values=values or {}, notice=NOTICES.get(done))
+
+
+@router.get("/services")
+async def list_page(request: Request, done: str = "") -> Response:
+    return await _list(request, await signed_in(request), done=done)
+
+
+@router.post("/services")
+async def add(request: Request) -> Response:
+    admin = await signed_in(request)
+    form = await posted(request, admin)
+    c = components(request)
+    try:
+        body = validated(ServiceCreate, _drop_blank({
+            "type": form.get("type"), "url": form.get("url") or None, "name": form.get("name") or None,
+            "api_key": form.get("api_key") or None, "text_limit": whole(form, "text_limit", "Text limit"),
+            "timeout": decimal(form, "timeout", "Timeout"),
+            "context_length": whole(form, "context_length", "Context length")}))
+
+        def work(s: Session) -> int:
+            service = services.add_service(s, c.settings, admin.actor, type=body.type, url=body.url,
+                                           name=body.name, credential=body.api_key, text_limit=body.text_limit,
+                                           timeout=body.timeout, context_length=body.context_length)
+            return service.id
+        await c.in_session(work)
+    except FORM_ERRORS as exc:
+        values = {k: v for k, v in form.values().items() if k != "api_key"}  # a secret is never sent back
+        return await _list(request, admin, status=400, error=message(exc), values=values)
+    await c.changed_models()
+    return redirect("/ui/services?done=added")
+
+
+async def _detail(request: Request, admin: Admin, service_id: int, *, status: int = 200,
+                  errors: dict[str, str] | None = None, done: str = "") -> Response:
+    c = components(request)
+
+    def work(s: Session) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        service = _service(s, service_id)
+        return (services.service_view(service),
+                [services.model_view(m, service) for m in services.service_models(s, service)])
+    view, models = await c.in_session(work)
+    return render(request, "service.html", admin, status=status, service=with_backoffs(view, c), models=models,
+                  ollama=view["type"] in sync.OLLAMA_TYPES, errors=errors or {}, notice=NOTICES.get(done))
+
+
+@router.get("/services/{service_id}")
+async def detail_page(request: Request, service_id: int, done: str = "") -> Response:
+    return await _detail(request, await signed_in(request), service_id, done=done)
+
+
+@router.post("/services/{service_id}")
+async def change(request: Request, service_id: int) -> Response:
+    admin = await signed_in(request)
+    form = await posted(request, admin)
+    c = components(request)
+    try:
+        changes = validated(ServiceUpdate, _changes(form)).model_dump(exclude_unset=True)
+        if form.get("clear_api_key"):
+            changes["api_key"] = None
+        if form.get("clear_version_override"):
+            changes["version_override"] = None
+        if not changes:
+            raise InvalidRequest("Nothing to change: fill in a field (blank fields stay as they are)")
+        await c.in_session(lambda s: services.update_service(s, c.settings, _service(s, service_id).name,
+                                                             admin.actor, changes))
+    except FORM_ERRORS as exc:
+        return await _detail(request, admin, service_id, status=400, errors={"change": message(exc)})
+    await c.changed_models()
+    return redirect(f"/ui/services/{service_id}?done=changed")
+
+
+@router.post("/services/{service_id}/refresh")
+async def refresh(request: Request, service_id: int) -> Response:
+    admin = await signed_in(request)
+    await posted(request, admin)
+    c = components(request)
+
+    def work(s: Session) -> None:
+        sync.sync_service(s, c.settings, _service(s, service_id), actor=admin.actor)
+    try:
+        await c.in_session(work)
+    except FORM_ERRORS as exc:
+        return await _detail(request, admin, service_id, status=400, errors={"refresh": message(exc)})
+    await c.changed_models()
+    return redirect(f"/ui/services/{service_id}?done=refreshed")
+
+
+@router.post("/services/{service_id}/delete")
+async def remove(request: Request, service_id: int) -> Response:
+    admin = await signed_in(request)
+    await posted(request, admin)
+    c = components(request)
+    try:
+        await c.in_session(lambda s: services.remove_service(s, _service(s, service_id).name, admin.actor))
+    except FORM_ERRORS as exc:
+        return await _detail(request, admin, service_id, status=400, errors={"remove": message(exc)})
+    await c.changed_models()
+    return redirect("/ui/services?done=removed")
+
+
+def _changes(form: Form) -> dict[str, Any]:
+    return _drop_blank({
+        "url": form.get("url") or None, "api_key": form.get("api_key") or None,
+        "text_limit": whole(form, "text_limit", "Text limit"), "timeout": decimal(form, "timeout", "Timeout"),
+        "context_length": whole(form, "context_length", "Context length"),
+        "version_override": form.get("version_override") or None})
+
+
+def _drop_blank(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
+

@@ -1,0 +1,255 @@
+"""The web UI's pages and forms over plain HTTP: bad input gets a clear message next to its form,
+version gating and the mesh warning show where they apply, and nothing unescaped or secret leaks."""
+
+from __future__ import annotations
+
+import html
+import re
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from typing import Any
+
+import httpx
+import pytest
+
+from app.errors import Conflict
+from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
+from infra_adapters.emulators.server import EmulatorServer
+from tests.support import Stack, decision
+from tests.ui.conftest import csrf_of, ui_sign_in
+
+ALERT = re.compile(r'<p class="error" role="alert" id="([^"]+)-error">([^<]*)</p>')
+
+
+@pytest.fixture
+def ui(stack: Stack) -> Iterator[httpx.Client]:
+    with closing(ui_sign_in(stack.gateway.url, stack.admin_key)) as client:
+        yield client
+
+
+def post(client: httpx.Client, path: str, page: str, **fields: Any) -> httpx.Response:
+    """Submit a form the way the browser does: with the CSRF token of the page it is on."""
+    token = csrf_of(client.get(page).text)
+    return client.post(path, data={"csrf": token, **fields})
+
+
+def alerts(response: httpx.Response) -> dict[str, str]:
+    return {form: html.unescape(text) for form, text in ALERT.findall(response.text)}
+
+
+def service_id(client: httpx.Client, name: str) -> int:
+    found = re.search(rf'<a href="/ui/services/(\d+)">{re.escape(name)}</a>', client.get("/ui/services").text)
+    assert found, name
+    return int(found.group(1))
+
+
+def test_bad_service_input_is_shown_next_to_the_form(ui: httpx.Client, stack: Stack) -> None:
+    cases = [
+        ({"type": "ollama-external", "url": "not a url"}, "URL must be an http(s):// URL"),
+        ({"type": "ollama-external", "url": "http://127.0.0.1:9"}, "Cannot add service"),
+        ({"type": "ollama-external", "url": stack.ollama.url, "name": "ollama"}, "already exists"),
+        ({"type": "ollama-external", "url": stack.ollama.url, "text_limit": "lots"},
+         "Text limit must be a whole number"),
+        ({"type": "ollama-external", "url": stack.ollama.url, "timeout": "0"}, "timeout: Input should be greater"),
+        ({"type": "ollama-cloud"}, "needs its api_key"),
+        ({"type": "mainframe", "url": stack.ollama.url}, "unknown service type"),
+    ]
+    for fields, expected in cases:
+        answer = post(ui, "/ui/services", "/ui/services", **fields)
+        assert answer.status_code == 400, fields
+        shown = alerts(answer)
+        assert expected.lower() in shown.get("add-service", "").lower(), (fields, shown)
+        assert "Traceback" not in answer.text
+        if "url" in fields:
+            assert f'value="{fields["url"]}"' in answer.text or fields["url"] == "not a url"  # filled in again
+    secret = post(ui, "/ui/services", "/ui/services", type="vllm", url="http://127.0.0.1:9", api_key="s3cr3t-key")
+    assert secret.status_code == 400 and "s3cr3t-key" not in secret.text  # never sent back
+
+
+def test_a_service_is_changed_refreshed_and_removed(ui: httpx.Client, stack: Stack) -> None:
+    sid = service_id(ui, "ollama")
+    page = f"/ui/services/{sid}"
+    nothing = post(ui, page, page)
+    assert nothing.status_code == 400 and "Nothing to change" in alerts(nothing)["change"]
+    too_long = post(ui, page, page, timeout="99999")
+    assert too_long.status_code == 400 and "Timeout: Input should be less than" in alerts(too_long)["change"]
+    changed = post(ui, page, page, timeout="42")
+    assert changed.status_code == 303
+    assert "42.0 s" in ui.get(page).text and "Service changed." in ui.get(changed.headers["location"]).text
+    stack.ollama_state.models["tev1"] = ["decision"]
+    refreshed = post(ui, f"{page}/refresh", page)
+    assert refreshed.status_code == 303 and ">tev1<" in ui.get(page).text
+    removed = post(ui, f"{page}/delete", page)
+    assert removed.status_code == 303 and removed.headers["location"] == "/ui/services?done=removed"
+    assert "No services yet" in ui.get("/ui/services").text
+    assert ui.get(page).status_code == 404
+    with stack.client("admin") as admin:
+        actions = [e["action"] for e in admin.get("/admin/audit").json()["data"][:3]]
+    assert actions == ["service.delete", "service.refresh", "service.update"]
+
+
+def test_version_gating_is_shown_where_it_applies(ui: httpx.Client, stack: Stack) -> None:
+    old = OllamaState(version="0.34.9")
+    with EmulatorServer(make_ollama_app(old)) as server:
+        assert post(ui, "/ui/services", "/ui/services", type="ollama-external", url=server.url,
+                    name="old").status_code == 303
+        message = "Decision models need Ollama 0.35.0 or newer; this Ollama is 0.34.9."
+        services = ui.get("/ui/services").text
+        assert message in services and "Skipped: nimble (" in services
+        sid = service_id(ui, "old")
+        assert message in ui.get(f"/ui/services/{sid}").text
+        models = ui.get("/ui/models").text
+        assert f"old: {message}" in models
+        refused = post(ui, "/ui/models/install", "/ui/models", model="tev1", service=str(sid))
+        assert refused.status_code == 400 and alerts(refused)["install-3"] == message
+        old.version = "0.35.1"  # upgraded: Refresh lifts the gate, no restart
+        assert post(ui, f"/ui/services/{sid}/refresh", f"/ui/services/{sid}").status_code == 303
+        assert message not in ui.get("/ui/services").text
+
+
+def test_bad_install_input(ui: httpx.Client, stack: Stack) -> None:
+    sid = str(service_id(ui, "ollama"))
+    cases = [
+        ({"form": "custom", "model": "mine", "service": sid}, "custom", "Tick at least one capability"),
+        ({"form": "custom", "model": "", "service": sid, "capabilities": "decision"}, "custom",
+         "Model: String should have at least 1 character"),
+        ({"form": "custom", "model": "mine", "service": "x", "capabilities": "decision"}, "custom",
+         "Choose a service"),
+        ({"model": "nimble", "service": sid}, "install:nimble", "already installed"),
+        ({"model": "clef:27b", "service": sid}, "install:clef:27b", "hosted on Ollama Cloud"),
+        ({"model": "nimble", "service": "99999"}, "install:nimble", "does not exist any more"),
+    ]
+    for fields, form, expected in cases:
+        answer = post(ui, "/ui/models/install", "/ui/models", **fields)
+        assert answer.status_code == 400, fields
+        shown = alerts(answer)
+        where = "custom" if form == "custom" else next(k for k in shown if k.startswith("install-"))
+        assert expected in shown[where], (fields, shown)
+    custom = post(ui, "/ui/models/install", "/ui/models", form="custom", model="nimble", service=sid,
+                  public_name="nimble-custom", capabilities="decision")
+    assert custom.status_code == 400 and "already installed" in custom.text  # Ollama: by backend name
+
+
+def test_the_mesh_warning_offers_install_anyway(ui: httpx.Client, stack: Stack,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the mesh warns (HTTP 409 mesh_warning) the page says why and offers "Install anyway",
+    which sends the install again with confirm=true."""
+    class MeshWarning(Conflict):
+        error_type = "mesh_warning"
+
+    calls: list[list[str]] = []
+
+    def check(capabilities: list[str]) -> None:
+        calls.append(capabilities)
+        raise MeshWarning("mesh peer old-node (version 0.1.0) does not know decision models. "
+                          "Send the request again with \"confirm\": true to install anyway.")
+
+    mesh = getattr(stack.gateway.app.components, "mesh", None)
+    if mesh is None:
+        pytest.skip("this build has no mesh")
+    monkeypatch.setattr(mesh, "check_decision_install", check)
+    sid = str(service_id(ui, "ollama"))
+    warned = post(ui, "/ui/models/install", "/ui/models", model="tev1", service=sid)
+    assert warned.status_code == 409 and calls == [["decision"]]
+    assert "old-node (version 0.1.0) does not know decision models" in warned.text
+    assert "confirm" not in warned.text.split("mesh-warning-title")[1].split("</p>")[0]  # no API hint
+    form = warned.text.split('id="mesh-warning"')[1].split("</form>")[0]
+    fields = dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form))
+    assert fields["confirm"] == "true" and fields["model"] == "tev1" and fields["service"] == sid
+    assert "Install anyway" in form
+    anyway = ui.post("/ui/models/install", data=fields)
+    assert anyway.status_code == 303 and anyway.headers["location"].startswith("/ui/models?install=")
+    assert calls == [["decision"]]  # confirmed: not asked again
+
+
+def test_projects_allowlists_limits_and_keys(ui: httpx.Client, stack: Stack) -> None:
+    bad = [({"name": ""}, "Name: String should have at least 1 character"),
+           ({"name": "acme"}, "already exists"),
+           ({"name": "x", "organization": "nowhere"}, "does not exist; create it first")]
+    for fields, expected in bad:
+        answer = post(ui, "/ui/projects", "/ui/projects", scope="all", **fields)
+        assert answer.status_code == 400 and expected in alerts(answer)["create-project"], (fields, alerts(answer))
+    made = post(ui, "/ui/projects", "/ui/projects", name="<b>bold</b>", scope="list", models="nimble",
+                more_models="clef, other")
+    assert made.status_code == 303
+    page = made.headers["location"].split("?")[0]
+    text = ui.get(page).text
+    assert "&lt;b&gt;bold&lt;/b&gt;" in text and "<b>bold</b>" not in text  # autoescaped
+    with stack.client("admin") as admin:
+        project = next(p for p in admin.get("/admin/projects").json()["data"] if p["name"] == "<b>bold</b>")
+    assert project["models"] == ["clef", "nimble", "other"]
+    limits = post(ui, f"{page}/limits", page, requests_per_minute="-1")
+    assert limits.status_code == 400 and "Requests per minute: Input should be" in alerts(limits)["limits"]
+    limits = post(ui, f"{page}/limits", page, tokens_per_minute="many")
+    assert "Tokens per minute must be a whole number" in alerts(limits)["limits"]
+    assert post(ui, f"{page}/limits", page, requests_per_minute="60").status_code == 303
+    assert post(ui, f"{page}/models", page, scope="all").status_code == 303
+    past = post(ui, f"{page}/keys", page, expires_at="2001-01-01T00:00")
+    assert past.status_code == 400 and "expires_at is in the past" in alerts(past)["key"]
+    key = post(ui, f"{page}/keys", page, name="ci", expires_at="2999-01-01T00:00")
+    assert key.status_code == 201
+    value = re.search(r'value="(arb_proj_[A-Za-z0-9]{43})"', key.text).group(1)  # type: ignore[union-attr]
+    later = ui.get(page).text
+    assert value not in later and f"{value[:13]}…{value[-4:]}" in later  # prefix and last four only
+    archived = post(ui, f"{page}/archive", page, archived="true")
+    assert archived.status_code == 303 and "archived" in ui.get(archived.headers["location"]).text
+    with httpx.Client(base_url=stack.gateway.url, headers={"Authorization": f"Bearer {value}"}) as tenant:
+        assert tenant.post("/v1/systemone", json=decision()).status_code == 403
+    assert post(ui, f"{page}/archive", page, archived="maybe").status_code == 400
+
+
+def test_usage_audit_and_unknown_pages(ui: httpx.Client, stack: Stack) -> None:
+    with stack.client() as tenant:
+        for _ in range(3):
+            assert tenant.post("/v1/systemone", json=decision()).status_code == 200
+        assert tenant.post("/v1/systemone", json=decision("missing")).status_code == 404
+    deadline = time.monotonic() + 5
+    while (usage := ui.get("/ui/usage?project=acme&days=7")).text.count('<span class="badge ok">200</span>') < 3 \
+            or '<span class="badge bad">404</span>' not in usage.text:  # the ledger writes in batches
+        assert time.monotonic() < deadline, "usage never showed"
+        time.sleep(0.1)
+    assert usage.text.count("<rect") == 1 and "nimble" in usage.text
+    assert usage.text.count('<span class="badge ok">200</span>') == 3
+    assert ui.get("/ui/usage?project=nope").text.count("There is no such project") == 1
+    assert "last 14 days" in ui.get("/ui/usage?days=13").text  # an odd period falls back
+    audit = ui.get("/ui/audit").text
+    assert "project.create" in audit and "service.create" in audit
+    assert ui.get("/ui/audit?before_id=1").status_code == 200
+    missing = ui.get("/ui/does-not-exist")
+    assert missing.status_code == 404 and "There is no page at this address" in missing.text
+    for path in ("/ui/static/../session.py", "/ui/static/nothing.css", "/ui/static/%2e%2e%2fweb.py"):
+        assert ui.get(path).status_code == 404, path
+    css = ui.get("/ui/static/arbiter.css")
+    assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
+
+
+def test_the_mesh_page(ui: httpx.Client, stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    standalone = "This node is standalone (no mesh configured: set ARBITER_MESH_KEY and ARBITER_MESH_PEERS)"
+    assert standalone in ui.get("/ui/mesh").text
+    mesh = getattr(stack.gateway.app.components, "mesh", None)
+    if mesh is None:
+        return
+    status = {"enabled": True,
+              "node": {"name": "node-a", "url": "http://a:8080", "version": "0.2.0", "decision_models": True},
+              "peers": [{"name": "node-b", "url": "http://b:8080", "direction": "outbound", "state": "connected",
+                         "version": "0.2.0", "decision_models": True, "last_contact": "2025-01-02T03:04:05+00:00",
+                         "error": None, "models": [{"name": "tev1", "type": "decision",
+                                                    "capabilities": ["decision"], "hops": 1}]},
+                        {"name": "node-c", "url": "http://c:8080", "direction": "inbound", "state": "refused_us",
+                         "version": "0.1.0", "decision_models": False, "last_contact": None,
+                         "error": "node-c refused our model list: it does not know decision models", "models": []}],
+              "refused": [{"at": "2025-01-02T03:04:05+00:00", "peer": "node-c", "address": "10.0.0.3",
+                           "reason": "decision models unknown"}]}
+    monkeypatch.setattr(mesh, "status", lambda: status)
+    page = ui.get("/ui/mesh").text
+    assert standalone not in page
+    for text in ("node-a", "node-b", "node-c", "refused_us", "tev1", "2025-01-02 03:04:05 UTC",
+                 "node-c refused our model list", "decision models unknown", "10.0.0.3"):
+        assert text in page, text
+
+    def broken() -> dict[str, Any]:
+        raise RuntimeError("boom")
+    monkeypatch.setattr(mesh, "status", broken)
+    failed = ui.get("/ui/mesh")
+    assert failed.status_code == 200 and "could not be read" in failed.text and "boom" not in failed.text
