@@ -5,7 +5,7 @@
     arbiter admin create-key [--name N]
     arbiter key create --project NAME [--name N]
     arbiter project create NAME [--models all|m1,m2] [--organization ORG]
-    arbiter service add --type ollama-external|vllm --url URL [--name NAME] [--api-key KEY]
+    arbiter service add --type ollama-external|vllm|openai|local --url URL [--name NAME] [--api-key KEY]
     arbiter emulate ollama --port N [--version X.Y.Z]
     arbiter emulate vllm --port N [--version X.Y.Z]
 
@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
 
     service = sub.add_parser("service", help="services (backends)").add_subparsers(metavar="ACTION")
     add = service.add_parser("add", help="register a backend and its models")
-    add.add_argument("--type", required=True, choices=["ollama", "ollama-external", "ollama-cloud", "vllm"])
+    add.add_argument("--type", required=True, choices=["ollama", "ollama-external", "ollama-cloud", "vllm", "openai", "local"])
     add.add_argument("--url", default=None, help="the backend's URL (ollama-cloud: https://ollama.com)")
     add.add_argument("--name", default=None)
     add.add_argument("--api-key", default=None, help="the backend's bearer key, if it needs one")

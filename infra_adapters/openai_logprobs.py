@@ -34,6 +34,7 @@ __all__ = ["TOP_LOGPROBS", "FirstTokenRead", "OpenAILogprobsReader", "parse_firs
 TOP_LOGPROBS = 20  # the most OpenAI-compatible servers report
 SPACE_MARKS = " Ġ▁"  # a leading space as tokenizers spell it (plain, GPT-2 BPE, SentencePiece)
 CHAT_PATH = "/v1/chat/completions"
+TOKENIZE_PATH = "/tokenize"
 FLOOR = -9999.0  # vLLM's logprob for a token it cannot rank
 
 
@@ -69,7 +70,7 @@ class OpenAILogprobsReader(HttpBackendBase):
         self.vllm = vllm
 
     def request_body(self, messages: list[dict[str, Any]],
-                     token_ids: Sequence[int] | None = None) -> dict[str, Any]:
+                     token_ids: Sequence[int] | None = None, options: CallOptions | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -85,13 +86,35 @@ class OpenAILogprobsReader(HttpBackendBase):
             if token_ids:
                 body["logprob_token_ids"] = list(token_ids)
                 body["allowed_token_ids"] = list(token_ids)
-            if self.options.tenant_salt:
-                body["cache_salt"] = self.options.tenant_salt
+            salt = (options or self.options).tenant_salt
+            if salt:
+                body["cache_salt"] = salt
         return body
 
     async def read(self, messages: list[dict[str, Any]], labels: Sequence[str],
                    token_ids: Sequence[int] | None = None) -> FirstTokenRead:
-        reply = await self._post(CHAT_PATH, self.request_body(messages, token_ids), self.options)
+        return await self.read_with(self.options, messages, labels, token_ids)
+
+    async def tokenize(self, text: str) -> list[int] | None:
+        """vLLM's ``/tokenize`` (no special tokens); None where the server has no tokenizer route."""
+        if not self.vllm:
+            return None
+        reply = await self._post(TOKENIZE_PATH, {"model": self.model, "prompt": text, "add_special_tokens": False},
+                                 self.options)
+        if reply.status in (404, 405):
+            return None
+        try:
+            tokens = orjson.loads(reply.body)["tokens"] if reply.status == 200 else None
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            raise BackendProtocolError(f"{self.url}{TOKENIZE_PATH} answered without token ids") from exc
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise BackendProtocolError(f"{self.url}{TOKENIZE_PATH} answered HTTP {reply.status} without token ids")
+        return tokens
+
+    async def read_with(self, options: CallOptions, messages: list[dict[str, Any]], labels: Sequence[str],
+                        token_ids: Sequence[int] | None = None) -> FirstTokenRead:
+        """One read with one call's options (timeout, trace headers, the project's cache salt)."""
+        reply = await self._post(CHAT_PATH, self.request_body(messages, token_ids, options), options)
         where = f"{self.url}{CHAT_PATH}"
         try:
             answer = orjson.loads(reply.body)

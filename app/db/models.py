@@ -105,6 +105,8 @@ class Model(Base):
     capabilities: Mapped[list[Any]] = mapped_column(JSON, default=list)
     source: Mapped[str] = mapped_column(String(16), default="sync")  # sync, catalog, custom
     timeout: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # "labels": answer decisions by reading label-token logprobs (app/decisions/labels.py).
+    read_strategy: Mapped[str | None] = mapped_column(String(20), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

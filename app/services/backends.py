@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+from app.decisions.label_backend import ModelReader
 from app.errors import InvalidRequest
 from app.settings import Settings
-from infra_adapters.base import Backend
+from infra_adapters.base import Backend, CallOptions
+from infra_adapters.local_llama import LocalLlamaBackend
 from infra_adapters.ollama import OllamaBackend, OllamaCloudBackend
+from infra_adapters.openai_compat import OpenAICompatBackend
+from infra_adapters.openai_logprobs import OpenAILogprobsReader
 from infra_adapters.vllm import VllmBackend
 
-SERVICE_TYPES = ("ollama", "ollama-external", "ollama-cloud", "vllm")
-_ADAPTERS: dict[str, type[OllamaBackend | VllmBackend]] = {
+SERVICE_TYPES = ("ollama", "ollama-external", "ollama-cloud", "vllm", "openai", "local")
+# Types whose models answer decisions by label reading only (they have no decision endpoint).
+LABELS_ONLY_TYPES = ("openai", "local")
+_ADAPTERS: dict[str, type[OllamaBackend | VllmBackend | OpenAICompatBackend | LocalLlamaBackend]] = {
     "ollama": OllamaBackend, "ollama-external": OllamaBackend, "ollama-cloud": OllamaCloudBackend,
-    "vllm": VllmBackend,
+    "vllm": VllmBackend, "openai": OpenAICompatBackend, "local": LocalLlamaBackend,
 }
 PROVIDER_NAMES = {"ollama": "ollama", "ollama-external": "ollama", "ollama-cloud": "ollama_cloud",
-                  "vllm": "vllm"}
+                  "vllm": "vllm", "openai": "openai", "local": "local"}
+LABEL_READ_REPLY_BYTES = 1 << 20  # one first-token answer with its top logprobs
 
 
 def make_backend(service_type: str, url: str, credential: str | None, settings: Settings) -> Backend:
@@ -24,3 +31,15 @@ def make_backend(service_type: str, url: str, credential: str | None, settings: 
             f"unknown service type {service_type!r}; use one of: {', '.join(sorted(_ADAPTERS))}")
     return adapter(url, credential=credential, connect_timeout=settings.backend_connect_timeout,
                    admin_timeout=settings.backend_admin_timeout, pool_size=settings.backend_pool_size)
+
+
+def label_reader(service_type: str, backend: Backend, model: str, credential: str | None,
+                 settings: Settings) -> ModelReader:
+    """What reads label logprobs of ``model`` on a service: its OpenAI-compatible chat with
+    logprobs (vLLM with its extras and tokenizer; Ollama's /v1 without), or the local runtime."""
+    if isinstance(backend, LocalLlamaBackend):
+        return backend.reader()
+    options = CallOptions(timeout=settings.backend_timeout, max_reply_bytes=LABEL_READ_REPLY_BYTES)
+    return OpenAILogprobsReader(backend.url, model, options, vllm=service_type == "vllm", credential=credential,
+                                connect_timeout=settings.backend_connect_timeout,
+                                admin_timeout=settings.backend_admin_timeout, pool_size=settings.backend_pool_size)

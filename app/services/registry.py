@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.db.session import Database
+from app.decisions.label_backend import LabelBackend
 from app.errors import ArbiterError, NotFound
 from app.services import service as services
-from app.services.backends import PROVIDER_NAMES, make_backend
+from app.services.backends import PROVIDER_NAMES, label_reader, make_backend
 from app.services.credentials import CredentialBox, CredentialUnavailable
 from app.settings import Settings
 from infra_adapters.base import Backend
@@ -64,6 +66,7 @@ class Registry:
         self._blocked: dict[str, dict[str, ArbiterError]] = {}
         self.max_hops = settings.mesh_max_hops
         self._backends: dict[int, tuple[tuple[str, str, str | None], Backend]] = {}
+        self._label_backends: dict[tuple[int, str], LabelBackend] = {}
         self._lock = asyncio.Lock()
         self._box = CredentialBox.from_settings(settings)
 
@@ -106,21 +109,22 @@ class Registry:
             rows = await asyncio.to_thread(self._read)
             self._apply(rows)
 
-    def _read(self) -> list[tuple[int, str, str, str, str | None, int, float | None, str, str, list[str], float | None, int]]:
+    def _read(self) -> list[tuple[Any, ...]]:
         with self._database.session() as session:
             return [
                 (s.id, s.name, s.type, s.url, s.credential, s.text_limit, s.timeout,
                  m.public_name, m.backend_name, list(m.capabilities), m.timeout,
-                 int(m.created_at.timestamp()) if m.created_at else 0)
+                 int(m.created_at.timestamp()) if m.created_at else 0, services.read_strategy_of(m, s))
                 for m, s in services.all_models(session)
             ]
 
-    def _apply(self, rows: list) -> None:  # type: ignore[type-arg]
+    def _apply(self, rows: list[tuple[Any, ...]]) -> None:
         models: dict[str, ModelEntry] = {}
         old_replicas = {(r.service_id, r.backend_name): r for e in self._models.values() for r in e.replicas}
         live_services: set[int] = set()
+        live_labels: set[tuple[int, str]] = set()
         for (service_id, service_name, service_type, url, credential, text_limit, service_timeout,
-             public, backend_name, caps, model_timeout, created) in rows:
+             public, backend_name, caps, model_timeout, created, strategy) in rows:
             try:
                 credential = self._box.open(credential)
             except CredentialUnavailable as exc:
@@ -128,6 +132,10 @@ class Registry:
                 continue
             live_services.add(service_id)
             backend = self._backend(service_id, service_type, url, credential)
+            if strategy == "labels":  # a generation model answering decisions by label reading
+                backend = self._labelled(service_id, service_type, backend_name, backend, credential)
+                live_labels.add((service_id, backend_name))
+                caps = sorted({*caps, "decision"})
             timeout = model_timeout or service_timeout or self._settings.backend_timeout
             replica = old_replicas.get((service_id, backend_name))
             if replica is not None and replica.backend is backend:
@@ -141,10 +149,25 @@ class Registry:
                                   frozenset(caps), text_limit, timeout, created)
             models.setdefault(public, ModelEntry(public)).replicas.append(replica)
         self._models = models
+        for key in [k for k in self._label_backends if k not in live_labels]:
+            asyncio.get_running_loop().create_task(self._label_backends.pop(key).aclose())
         for service_id in list(self._backends):
             if service_id not in live_services:
                 _, backend = self._backends.pop(service_id)
                 asyncio.get_running_loop().create_task(backend.aclose())
+
+    def _labelled(self, service_id: int, service_type: str, backend_name: str, inner: Backend,
+                  credential: str | None) -> Backend:
+        """The model's label-reading backend over the service's, kept while the service's is."""
+        known = self._label_backends.get((service_id, backend_name))
+        if known is not None and known.inner is inner:
+            return known
+        if known is not None:
+            asyncio.get_running_loop().create_task(known.aclose())
+        labelled = LabelBackend(inner, backend_name, label_reader(service_type, inner, backend_name, credential,
+                                                                  self._settings))
+        self._label_backends[(service_id, backend_name)] = labelled
+        return labelled
 
     def _backend(self, service_id: int, service_type: str, url: str, credential: str | None) -> Backend:
         identity = (service_type, url, credential)
@@ -167,6 +190,9 @@ class Registry:
                 log.exception("registry reload failed; serving the last known models")
 
     async def aclose(self) -> None:
+        for labelled in self._label_backends.values():
+            await labelled.aclose()
+        self._label_backends.clear()
         for _, backend in self._backends.values():
             await backend.aclose()
         self._backends.clear()

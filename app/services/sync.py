@@ -42,7 +42,7 @@ def effective_version(service: Service) -> str | None:
 
 
 def public(service_type: str, backend_name: str) -> str:
-    return public_name(backend_name) if service_type != "vllm" else backend_name
+    return public_name(backend_name) if service_type not in ("vllm", "openai") else backend_name
 
 
 def read(session: Session, settings: Settings, service: Service) -> list[RemoteModel]:

@@ -174,7 +174,8 @@ async def uninstall(request: Request, model_id: int) -> Response:
 
 @router.post("/models/{model_id}")
 async def change(request: Request, model_id: int) -> Response:
-    """Rename a model (services sharing a public name are replicas) or set its own timeout."""
+    """Rename a model (services sharing a public name are replicas), set its own timeout, or turn
+    label reading on or off."""
     admin = await signed_in(request)
     form = await posted(request, admin)
     c = components(request)
@@ -186,8 +187,10 @@ async def change(request: Request, model_id: int) -> Response:
             fields["timeout"] = decimal(form, "timeout", "Timeout")
         if form.get("clear_timeout"):
             fields["timeout"] = None
+        if form.get("read_strategy") in ("labels", "native"):
+            fields["read_strategy"] = "labels" if form.get("read_strategy") == "labels" else None
         if not fields:
-            raise InvalidRequest("Nothing to change: give a public name or a timeout")
+            raise InvalidRequest("Nothing to change: give a public name, a timeout or how it decides")
         changes = validated(ModelUpdate, fields).model_dump(exclude_unset=True)
         await c.in_session(lambda s: services.update_model(s, model_id, admin.actor, changes))
     except FORM_ERRORS as exc:

@@ -30,7 +30,7 @@ from .generation import message_text, prompt_tokens
 from .openai_compat import Problem
 
 __all__ = ["FILLERS", "LABEL_LINE", "VOCAB", "first_token_logprobs", "logprobs_body", "token_id",
-           "wants_logprobs"]
+           "tokenize", "wants_logprobs"]
 
 LABEL_LINE = re.compile(r"^Answer with one label only: (.+)\.$")
 MAX_TOP_LOGPROBS = 20
@@ -49,6 +49,14 @@ TOKENS = {tid: text for text, tid in VOCAB.items()}
 def token_id(text: str) -> int:
     """The emulator's id of a token (labels, their leading-space variants and fillers)."""
     return VOCAB[text]
+
+
+def tokenize(text: str) -> list[int]:
+    """vLLM's `/tokenize` over the tiny vocabulary: a known token is one id, anything else one id
+    per character (so a label such as `AB` is two tokens, as a real tokenizer may split it)."""
+    if text in VOCAB:
+        return [VOCAB[text]]
+    return [VOCAB.get(ch, 5000 + ord(ch)) for ch in text]
 
 
 def wants_logprobs(payload: dict[str, Any]) -> bool:

@@ -21,6 +21,7 @@ from .generation import (
     prompt_tokens,
     reply_pieces,
 )
+from .logprobs_chat import logprobs_body, wants_logprobs
 from .ollama_state import STATE_KEY, OllamaState, error
 from .ollama_validation import bad_keep_alive, go_type
 from .openai_compat import (
@@ -165,6 +166,9 @@ async def embed(request: web.Request, state: OllamaState) -> web.StreamResponse:
     )
 
 
+_VLLM_ONLY = ("logprob_token_ids", "allowed_token_ids")
+
+
 async def openai_chat(request: web.Request, state: OllamaState) -> web.StreamResponse:
     """Ollama's `/v1/chat/completions` (SSE when `"stream": true`)."""
     try:
@@ -172,8 +176,15 @@ async def openai_chat(request: web.Request, state: OllamaState) -> web.StreamRes
         chat_req = chat_request(payload)
         model, key = require_model(state, chat_req.model, "completion", "chat")
         _check_chat_extras(state, key, model, payload)
+        # First-token logprobs (label reading): Ollama takes `logprobs`/`top_logprobs` on its
+        # OpenAI route and continues a final assistant message; it has no token-id extras.
+        answer = (logprobs_body(model, {k: v for k, v in payload.items() if k not in _VLLM_ONLY},
+                                chat_req.messages, label_mass=state.label_mass)
+                  if wants_logprobs(payload) and not chat_req.stream else None)
     except Problem as exc:
         return ollama_openai_error(exc.message, exc.status)
+    if answer is not None:
+        return json_response(answer)
     if not chat_req.stream:
         return json_response(completion_body("ollama", model, chat_req))
     return await stream_events(

@@ -51,6 +51,7 @@ class OllamaState:
     pull_errors: dict[str, str] = field(default_factory=dict)  # model -> error line mid-pull
     pulling: set[str] = field(default_factory=set)  # models whose pull is in progress
     stream_delay: float = 0.0  # seconds between streamed chat chunks
+    label_mass: float = 0.9  # /v1/chat/completions with logprobs: the probability on the labels
 
     def find_model(self, name: str) -> str | None:
         """The key in `models` for `name` ("nimble" and "nimble:latest" are one model)."""

@@ -14,7 +14,7 @@ from aiohttp import web
 from .answers import count_tokens
 from .faults import faulty_route
 from .generation import prompt_tokens
-from .logprobs_chat import logprobs_body, wants_logprobs
+from .logprobs_chat import logprobs_body, tokenize, wants_logprobs
 from .openai_compat import (
     SSE_CONTENT_TYPE,
     Problem,
@@ -95,6 +95,26 @@ async def embeddings(request: web.Request, state: VllmState) -> web.StreamRespon
     return json_response(embeddings_body("vllm", model, emb_req), content_type=JSON)
 
 
+async def tokenize_route(request: web.Request, state: VllmState) -> web.StreamResponse:
+    """vLLM's `/tokenize` (`{"model", "prompt", "add_special_tokens"}` -> `{"tokens", ...}`)."""
+    try:
+        payload = read_payload(await request.read())
+        prompt = payload.get("prompt")
+        if not isinstance(prompt, str):
+            raise Problem("prompt must be a string", param="prompt")
+        model = payload.get("model") if payload.get("model") is not None else next(iter(state.models), "")
+        if model not in state.models:
+            raise VllmError(f"The model `{model}` does not exist.", 404, "NotFoundError", param="model")
+    except Problem as exc:
+        return VllmError(exc.message, exc.status, param=exc.param).response()
+    except VllmError as exc:
+        return exc.response()
+    tokens = tokenize(prompt)
+    return json_response({"count": len(tokens), "max_model_len": int(state.options(model)["max_model_len"]),
+                          "tokens": tokens, "token_strs": None}, content_type=JSON)
+
+
 def add_openai_routes(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", faulty_route(STATE_KEY, chat))
+    app.router.add_post("/tokenize", faulty_route(STATE_KEY, tokenize_route))
     app.router.add_post("/v1/embeddings", faulty_route(STATE_KEY, embeddings))

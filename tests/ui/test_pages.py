@@ -253,3 +253,20 @@ def test_the_mesh_page(ui: httpx.Client, stack: Stack, monkeypatch: pytest.Monke
     monkeypatch.setattr(mesh, "status", broken)
     failed = ui.get("/ui/mesh")
     assert failed.status_code == 200 and "could not be read" in failed.text and "boom" not in failed.text
+
+
+def test_label_reading_is_turned_on_and_off_on_a_card(ui: httpx.Client, stack: Stack) -> None:
+    models = stack.client("admin").get("/admin/models").json()["data"]
+    llama = next(m for m in models if m["public_name"] == "llama3.2")
+    assert stack.client().post("/v1/systemone", json=decision("llama3.2")).status_code == 400
+    page = ui.get("/ui/models").text
+    assert f'id="read-strategy-{llama["id"]}"' in page
+    nimble = next(m for m in models if m["public_name"] == "nimble")
+    assert f'id="read-strategy-{nimble["id"]}"' not in page  # a decision model has no such choice
+    on = post(ui, f"/ui/models/{llama['id']}", "/ui/models", read_strategy="labels")
+    assert on.status_code == 303, alerts(on)
+    assert "decisions by label reading" in ui.get("/ui/models").text
+    assert stack.client().post("/v1/systemone", json=decision("llama3.2")).status_code == 200
+    off = post(ui, f"/ui/models/{llama['id']}", "/ui/models", read_strategy="native")
+    assert off.status_code == 303
+    assert stack.client().post("/v1/systemone", json=decision("llama3.2")).status_code == 400

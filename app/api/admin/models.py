@@ -68,7 +68,7 @@ async def update_model(model_id: int, body: ModelUpdate, actor: AdminDep, c: Com
 async def test_model(model_id: int, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def card(s: Session) -> tuple[str, int, list[str]]:
         model, service = services.get_model(s, model_id)
-        return model.public_name, service.id, list(model.capabilities)
+        return model.public_name, service.id, list(services.model_view(model, service)["capabilities"])
 
     public_name, service_id, capabilities = await c.in_session(card)
     return await testing.run(c.forwarder, c.chat, c.observer, public_name=public_name, service_id=service_id,

@@ -74,6 +74,8 @@ class ModelInstallRequest(_Strict):
 class ModelUpdate(_Strict):
     public_name: str | None = Field(None, min_length=1, max_length=200)
     timeout: float | None = Field(None, gt=0, le=3600)
+    # "labels": answer decisions by reading label-token logprobs; null: the model's own way.
+    read_strategy: Literal["labels"] | None = None
 
 
 class MeshPeerCreate(_Strict):

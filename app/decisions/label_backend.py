@@ -1,0 +1,109 @@
+"""A generation model as a decision model: the backend of a model whose ``read_strategy`` is
+``labels``. The forwarding path sends it a System One request like to any backend; this answers
+it by label reading (``labels.decide``) over what the service offers: an OpenAI-compatible chat
+with logprobs (vLLM, Ollama, llama.cpp's server) or the local runtime.
+
+Label token ids come from the model's own tokenizer (vLLM's ``/tokenize``, llama.cpp's), found
+once per model and cached; a backend without a tokenizer endpoint is read by token text.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import orjson
+
+from app.decisions import labels
+from app.errors import ArbiterError
+from infra_adapters.base import Backend, BackendError, CallOptions, RemoteModel, Reply, Stream
+
+log = logging.getLogger("arbiter.labels")
+ALL_LABELS = (*labels.CHOICE_LABELS, *labels.NOUL_LABELS, *labels.SCORE_LABELS)
+
+
+class ModelReader(Protocol):
+    """Reads label logprobs of one model (``labels.LabelReader``) per call's options, and knows
+    the model's tokenizer when the backend exposes it."""
+
+    async def read_with(self, options: CallOptions, messages: list[dict[str, Any]], labels: Sequence[str],
+                        token_ids: Sequence[int] | None = None) -> labels.LabelRead: ...
+
+    async def tokenize(self, text: str) -> list[int] | None:
+        """The token ids of ``text`` without special tokens, or None when there is no tokenizer."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class _Bound:
+    """A ModelReader with one call's options: the ``labels.LabelReader`` of one request."""
+
+    def __init__(self, reader: ModelReader, options: CallOptions) -> None:
+        self._reader, self._options = reader, options
+
+    async def read(self, messages: list[dict[str, Any]], labels: Sequence[str],
+                   token_ids: Sequence[int] | None = None) -> labels.LabelRead:
+        return await self._reader.read_with(self._options, messages, labels, token_ids)
+
+
+class LabelBackend:
+    """Wraps a service's backend for one model: decisions by label reading, anything else (chat,
+    versions, model lists) by the service's backend as it is."""
+
+    kind = "labels"
+
+    def __init__(self, inner: Backend, model: str, reader: ModelReader) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.model = model
+        self._reader = reader
+        self._token_ids: dict[str, list[int]] | None = None
+        self._tokenizer_known = False
+
+    @property
+    def has_credential(self) -> bool:
+        return self.inner.has_credential
+
+    def read_version(self) -> str | None:
+        return self.inner.read_version()
+
+    def list_models(self) -> list[RemoteModel]:
+        return self.inner.list_models()
+
+    def route(self, api: str) -> str | None:
+        return self.inner.route(api)
+
+    async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> Stream:
+        return await self.inner.open(path, body, options)
+
+    def decisions_unsupported(self, reply: Reply) -> bool:
+        return False  # label reading needs nothing of the backend's own decision endpoint
+
+    async def token_ids(self) -> dict[str, list[int]] | None:
+        """Every label's token ids from the model's tokenizer, read once (None: no tokenizer)."""
+        if not self._tokenizer_known:
+            found: dict[str, list[int]] = {}
+            for label in ALL_LABELS:
+                ids = await self._reader.tokenize(label)
+                if ids is None:
+                    found = {}
+                    break
+                found[label] = ids
+            self._token_ids = found or None
+            self._tokenizer_known = True
+        return self._token_ids
+
+    async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:
+        try:
+            token_ids = await self.token_ids()
+            answer = await labels.decide(body, _Bound(self._reader, options), token_ids)
+        except ArbiterError as error:  # a question that cannot be read this way: the tenant's 400
+            return Reply(error.status, "application/json", error.body())
+        except BackendError:
+            raise
+        return Reply(200, "application/json", orjson.dumps({"model": body.get("model", self.model), **answer}))
+
+    async def aclose(self) -> None:
+        await self._reader.aclose()

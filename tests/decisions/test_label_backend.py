@@ -1,0 +1,162 @@
+"""`read_strategy: labels` end to end through /v1/systemone: a generation model answers decisions
+by label reading, over vLLM (token ids from its /tokenize, its extras, the project's cache salt)
+and over an Ollama too old for decision models (no version gate: it needs no /v1/systemone)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from app.db.session import Database
+from app.tenancy.salts import TenantSalts
+from infra_adapters.emulators.logprobs_chat import token_id
+from infra_adapters.emulators.ollama_state import OllamaState
+from infra_adapters.emulators.server import EmulatorServer
+from infra_adapters.emulators.vllm import VllmState
+from tests.support import Gateway, Stack, assert_error, decision
+
+QWEN = "Qwen/Qwen3-0.6B"
+
+
+def _model_id(stack: Stack, name: str) -> int:
+    models = stack.client("admin").get("/admin/models").json()["data"]
+    return int(next(m["id"] for m in models if m["public_name"] == name))
+
+
+def _labels_on(stack: Stack, name: str) -> dict[str, Any]:
+    response = stack.client("admin").patch(f"/admin/models/{_model_id(stack, name)}",
+                                           json={"read_strategy": "labels"})
+    assert response.status_code == 200, response.text
+    return response.json()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def vllm_stack(db: Database, vllm: tuple[EmulatorServer, VllmState],
+               gateway_factory: Callable[..., Gateway]) -> Stack:
+    server, state = vllm
+    stack = Stack.provision(db, vllm_url=server.url)
+    stack.gateway = gateway_factory()
+    stack.extra["vllm"] = state
+    return stack
+
+
+def _check_answer(answer: dict[str, Any], label_mass: float) -> None:
+    assert list(answer["answers"]) == ["team", "urgent", "tone"]  # question order kept
+    for qid, item in answer["answers"].items():
+        assert math.isclose(sum(item["probabilities"].values()), 1.0, rel_tol=1e-9), qid
+        assert 0.0 <= item["confidence"] <= 1.0
+        assert math.isclose(answer["diagnostics"][qid]["label_mass"], label_mass, rel_tol=1e-6)
+    team = answer["answers"]["team"]
+    assert team["choice"] == max(team["probabilities"], key=team["probabilities"].get)
+    assert set(team["probabilities"]) == {"billing", "shipping"}
+    tone = answer["answers"]["tone"]
+    assert math.isclose(tone["score"], sum(int(k) * p for k, p in tone["probabilities"].items()))
+    assert answer["usage"]["output_tokens"] == 3 and answer["usage"]["input_tokens"] > 0
+
+
+def test_a_vllm_generation_model_answers_by_label_reading(vllm_stack: Stack) -> None:
+    state: VllmState = vllm_stack.extra["vllm"]
+    view = _labels_on(vllm_stack, QWEN)
+    assert view["read_strategy"] == "labels" and "decision" in view["capabilities"]
+    before = len(state.requests)
+    response = vllm_stack.client().post("/v1/systemone", json=decision(QWEN))
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["model"] == QWEN
+    _check_answer(answer, state.label_mass)
+
+    sent = state.requests[before:]
+    assert "/v1/systemone" not in [r.path for r in sent]  # read by labels, not by the backend's route
+    tokenized = [r.json["prompt"] for r in sent if r.path == "/tokenize"]
+    assert "A" in tokenized and "yes" in tokenized and "0" in tokenized
+    reads = [r.json for r in sent if r.path == "/v1/chat/completions"]
+    assert len(reads) == 3
+    salt = TenantSalts(vllm_stack.gateway.settings).of(_project_id(vllm_stack))
+    for read in reads:
+        assert read["max_tokens"] == 1 and read["temperature"] == 0 and read["top_logprobs"] == 20
+        assert read["continue_final_message"] is True and read["add_generation_prompt"] is False
+        assert read["chat_template_kwargs"] == {"enable_thinking": False}
+        assert read["messages"][0]["content"].startswith('{"ticket":"My card was charged twice."}')
+        assert read["messages"][-1] == {"role": "assistant", "content": "Answer:"}
+        assert read["cache_salt"] == salt
+    choice = next(r for r in reads if "Options:\nA: billing" in r["messages"][0]["content"])
+    assert choice["logprob_token_ids"] == [token_id("A"), token_id("B")] == choice["allowed_token_ids"]
+
+    # The tokenizer is read once per model: a second request asks for no token ids.
+    again = len(state.requests)
+    assert vllm_stack.client().post("/v1/systemone", json=decision(QWEN)).status_code == 200
+    assert [r.path for r in state.requests[again:]].count("/tokenize") == 0
+
+
+def _project_id(stack: Stack) -> int:
+    return int(stack.client("admin").get("/admin/projects/acme").json()["id"])
+
+
+def test_what_labels_cannot_read_is_a_400(vllm_stack: Stack) -> None:
+    _labels_on(vllm_stack, QWEN)
+    many = decision(QWEN)
+    many["questions"] = {"team": {"type": "choice", "criteria": {f"team{i}": None for i in range(27)}}}
+    response = vllm_stack.client().post("/v1/systemone", json=many)
+    assert_error(response, 400, "invalid_request_error")
+    assert "at most 26 options" in response.json()["error"]
+
+
+def test_label_reading_needs_a_generation_model(vllm_stack: Stack, db: Database) -> None:
+    admin = vllm_stack.client("admin")
+    custom = admin.post("/admin/services/vllm/models", json={"model": QWEN, "public_name": "qwen-embed",
+                                                           "capabilities": ["embedding"]})
+    if custom.status_code not in (200, 201):
+        pytest.skip(f"cannot add a second card for the model here: {custom.text}")
+    response = admin.patch(f"/admin/models/{_model_id(vllm_stack, 'qwen-embed')}", json={"read_strategy": "labels"})
+    assert_error(response, 400, "invalid_request_error")
+    assert "completion capability" in response.json()["error"]
+    bad = admin.patch(f"/admin/models/{_model_id(vllm_stack, 'qwen-embed')}", json={"read_strategy": "tea-leaves"})
+    assert bad.status_code == 400
+
+
+def test_an_ollama_too_old_for_decision_models_answers_through_labels(
+        db: Database, ollama: tuple[EmulatorServer, OllamaState], gateway_factory: Callable[..., Gateway]) -> None:
+    server, state = ollama
+    state.version = "0.34.0"
+    stack = Stack.provision(db, ollama_url=server.url)
+    stack.gateway = gateway_factory()
+    assert_error(stack.client().post("/v1/systemone", json=decision("llama3.2")), 400, "invalid_request_error")
+    view = _labels_on(stack, "llama3.2")
+    assert "decision" in view["capabilities"]
+    before = len(state.requests)
+    response = stack.client().post("/v1/systemone", json=decision("llama3.2"))
+    assert response.status_code == 200, response.text
+    _check_answer(response.json(), state.label_mass)
+    reads = [r.json for r in state.requests[before:] if r.path == "/v1/chat/completions"]
+    assert len(reads) == 3 and all("logprob_token_ids" not in r and "cache_salt" not in r for r in reads)
+    # Turned off again, it is a chat model once more.
+    off = stack.client("admin").patch(f"/admin/models/{_model_id(stack, 'llama3.2')}", json={"read_strategy": None})
+    assert off.status_code == 200 and off.json()["read_strategy"] is None
+    assert_error(stack.client().post("/v1/systemone", json=decision("llama3.2")), 400, "invalid_request_error")
+
+
+def test_an_openai_compatible_server_serves_decisions_and_chat(
+        db: Database, vllm: tuple[EmulatorServer, VllmState], gateway_factory: Callable[..., Gateway]) -> None:
+    server, state = vllm  # as an OpenAI-compatible server: /v1/models and /v1/chat/completions only
+    stack = Stack.provision(db)
+    stack.gateway = gateway_factory()
+    added = stack.client("admin").post("/admin/services", json={"type": "openai", "url": server.url,
+                                                                 "name": "llama-server"})
+    assert added.status_code == 201, added.text
+    (card,) = stack.client("admin").get("/admin/models").json()["data"]
+    assert card["public_name"] == QWEN and card["read_strategy"] == "labels"
+    assert set(card["capabilities"]) == {"completion", "decision"}
+    before = len(state.requests)
+    response = stack.client().post("/v1/systemone", json=decision(QWEN))
+    assert response.status_code == 200, response.text
+    _check_answer(response.json(), state.label_mass)
+    paths = [r.path for r in state.requests[before:]]
+    assert set(paths) == {"/v1/chat/completions"} and len(paths) == 3
+    chat = stack.client().post("/v1/chat/completions",
+                               json={"model": QWEN, "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 200, chat.text
+    off = stack.client("admin").patch(f"/admin/models/{card['id']}", json={"read_strategy": None})
+    assert_error(off, 400, "invalid_request_error")
