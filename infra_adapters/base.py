@@ -47,6 +47,16 @@ class BackendAuthRejected(BackendProtocolError):
     pass
 
 
+class ReplyNotOk(Exception):
+    """A backend answered a call made on a request's behalf with something other than a 200 (a
+    prompt over its context, a refused credential, its own 5xx): the answer goes back to the
+    caller as it came, and the forwarding path judges it as any backend's answer."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(f"HTTP {reply.status}")
+        self.reply = reply
+
+
 @dataclass(frozen=True, slots=True)
 class RemoteModel:
     """A model as the backend lists it."""
@@ -74,6 +84,7 @@ class CallOptions:
     headers: dict[str, str] = field(default_factory=dict)  # traceparent, tracestate, request id
     tenant_salt: str | None = None  # per-project prefix-cache salt, for backends that take one
     streaming: bool = False  # the timeout is then the longest silence, not the whole answer
+    mesh_hops: int = 0  # mesh hops the request has taken to reach this node (a mesh peer's backend adds one)
 
 
 class Stream(Protocol):

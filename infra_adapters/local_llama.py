@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,10 +25,12 @@ from typing import Any
 
 from infra_adapters.base import (
     BackendProtocolError,
+    BackendTimeout,
     BackendUnreachable,
     CallOptions,
     RemoteModel,
     Reply,
+    ReplyNotOk,
 )
 
 PREFIX = "package:"
@@ -150,24 +153,29 @@ class LocalLlamaBackend:
         prompt = self._template(messages)
         tokens = list(llm.tokenize(prompt.encode(), add_bos=True, special=True))
         if len(tokens) >= N_CTX:
-            raise BackendProtocolError(f"the prompt is {len(tokens)} tokens, over the local model's "
-                                       f"{N_CTX}-token context")
+            message = (f"the prompt of one question is {len(tokens)} tokens, over the local model's "
+                       f"{N_CTX}-token context; send a shorter state")
+            raise ReplyNotOk(Reply(413, "application/json", json.dumps(
+                {"error": message, "detail": {"error_type": "request_too_large", "message": message}}).encode()))
+        import numpy as np
+
         logits = self._evaluate(llm, tokens)
+        top = float(logits.max())
+        total = top + math.log(float(np.exp(logits - top).sum()))
         variants = {label: _variant_ids(llm, label) for label in labels}
-        top = max(logits)
-        total = top + math.log(math.fsum(math.exp(x - top) for x in logits))
         logprobs: dict[str, float] = {}
         for label, ids in variants.items():
             if ids:
-                best = max(logits[i] for i in ids)
-                logprobs[label] = best + math.log(math.fsum(math.exp(logits[i] - best) for i in ids)) - total
-        argmax = max(range(len(logits)), key=logits.__getitem__)
+                chosen = logits[ids]
+                best = float(chosen.max())
+                logprobs[label] = best + math.log(float(np.exp(chosen - best).sum())) - total
+        argmax = int(logits.argmax())
         return LocalRead(logprobs=logprobs, label_mass=min(1.0, math.fsum(math.exp(v) for v in logprobs.values())),
                          input_tokens=len(tokens),
                          argmax_is_label=any(argmax in ids for ids in variants.values()))
 
     @staticmethod
-    def _evaluate(llm: Any, tokens: list[int]) -> list[float]:
+    def _evaluate(llm: Any, tokens: list[int]) -> Any:
         """The next-token logits after ``tokens``, evaluating only what the last read did not share."""
         import numpy as np
 
@@ -184,8 +192,7 @@ class LocalLlamaBackend:
             llm.reset()
         llm.n_tokens = shared
         llm.eval(tokens[shared:])
-        row = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
-        return [float(x) for x in row]
+        return np.array(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)), dtype=np.float64)
 
 
 class LocalReader:
@@ -196,8 +203,11 @@ class LocalReader:
 
     async def read_with(self, options: CallOptions, messages: list[dict[str, Any]], labels: Sequence[str],
                         token_ids: Sequence[int] | None = None) -> LocalRead:
-        return await asyncio.wait_for(self._backend.run(self._backend.read_sync, messages, list(labels)),
-                                      options.timeout or None)
+        try:
+            return await asyncio.wait_for(self._backend.run(self._backend.read_sync, messages, list(labels)),
+                                          options.timeout or None)
+        except TimeoutError as exc:
+            raise BackendTimeout(f"the local model did not answer within {options.timeout:g}s") from exc
 
     async def tokenize(self, text: str) -> list[int] | None:
         return await self._backend.run(self._backend.tokenize_sync, text)  # type: ignore[no-any-return]

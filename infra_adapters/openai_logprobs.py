@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from infra_adapters.base import BackendProtocolError, CallOptions
+from infra_adapters.base import BackendProtocolError, CallOptions, ReplyNotOk
 from infra_adapters.http import HttpBackendBase
 
 __all__ = ["TOP_LOGPROBS", "FirstTokenRead", "OpenAILogprobsReader", "parse_first_token"]
@@ -103,6 +103,8 @@ class OpenAILogprobsReader(HttpBackendBase):
                                  self.options)
         if reply.status in (404, 405):
             return None
+        if reply.status != 200:
+            raise ReplyNotOk(reply)
         try:
             tokens = orjson.loads(reply.body)["tokens"] if reply.status == 200 else None
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
@@ -115,21 +117,16 @@ class OpenAILogprobsReader(HttpBackendBase):
                         token_ids: Sequence[int] | None = None) -> FirstTokenRead:
         """One read with one call's options (timeout, trace headers, the project's cache salt)."""
         reply = await self._post(CHAT_PATH, self.request_body(messages, token_ids, options), options)
+        if reply.status != 200:  # a prompt over the context, a refused key, its own 5xx: passed on
+            raise ReplyNotOk(reply)
         where = f"{self.url}{CHAT_PATH}"
         try:
             answer = orjson.loads(reply.body)
-        except orjson.JSONDecodeError as exc:
-            raise BackendProtocolError(f"{where} answered something that is not JSON") from exc
-        if reply.status != 200:
-            message = answer.get("error", {}).get("message") if isinstance(answer, dict) else None
-            raise BackendProtocolError(f"{where} answered HTTP {reply.status}"
-                                       + (f": {message}" if isinstance(message, str) else ""))
-        try:
             first = answer["choices"][0]["logprobs"]["content"][0]
-            prompt_tokens = int(answer.get("usage", {}).get("prompt_tokens", 0))
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            prompt_tokens = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+            return parse_first_token(first, labels, token_ids, prompt_tokens)
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise BackendProtocolError(f"{where} answered without the first token's logprobs") from exc
-        return parse_first_token(first, labels, token_ids, prompt_tokens)
 
 
 def parse_first_token(first: dict[str, Any], labels: Sequence[str], token_ids: Sequence[int] | None,

@@ -14,11 +14,17 @@ router = APIRouter(include_in_schema=False)
 
 @router.post(EXCHANGE_PATH)
 async def exchange(request: Request) -> Response:
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_EXCHANGE_BYTES:
-            raise TooLarge(f"a model list is at most {MAX_EXCHANGE_BYTES} bytes")
-    status, answer, headers = components(request).mesh.receive(
-        request.headers.get("authorization"), bytes(body), request.client.host if request.client else None)
+    mesh = components(request).mesh
+    address = request.client.host if request.client else None
+    authorization = request.headers.get("authorization")
+    # The credential's form, time and target are checked before the body is read.
+    outcome = mesh.early_refusal(authorization, request.headers.get("content-length"), address)
+    if outcome is None:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_EXCHANGE_BYTES:
+                raise TooLarge(f"a model list is at most {MAX_EXCHANGE_BYTES} bytes")
+        outcome = mesh.receive(authorization, bytes(body), address)
+    status, answer, headers = outcome
     return Response(answer, status_code=status, media_type="application/json", headers=headers)

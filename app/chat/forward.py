@@ -107,7 +107,8 @@ class ChatForwarder:
             forwarded["model"] = replica.backend_name
             options = CallOptions(timeout=replica.timeout, max_reply_bytes=self._settings.max_response_bytes,
                                   headers=headers, streaming=True,
-                                  tenant_salt=self._salts.of_caller(principal) if principal else None)
+                                  tenant_salt=self._salts.of_caller(principal) if principal else None,
+                                  mesh_hops=principal.mesh_hops if principal else 0)
             replica.in_flight += 1
             try:
                 stream = await replica.backend.open(replica.backend.route(api) or "", forwarded, options)

@@ -81,7 +81,8 @@ class Forwarder:
         if self._limiter is not None and (requests or tokens):
             await self._limiter.admit(requests, tokens)
         options = CallOptions(timeout=0.0, max_reply_bytes=self._settings.max_response_bytes,
-                              headers=headers, tenant_salt=self._salts.of_caller(principal))
+                              headers=headers, tenant_salt=self._salts.of_caller(principal),
+                              mesh_hops=principal.mesh_hops)
         outcome = await self._call(model, replicas, body, options)
         if tokens and self._limiter is not None and outcome.input_tokens is not None:
             await self._limiter.charge(tokens, outcome.input_tokens + (outcome.output_tokens or 0))
@@ -151,7 +152,7 @@ class Forwarder:
             try:
                 outcome = await self._exchange(model, replica, forwarded, CallOptions(
                     timeout=replica.timeout, max_reply_bytes=options.max_reply_bytes, headers=headers,
-                    tenant_salt=options.tenant_salt))
+                    tenant_salt=options.tenant_salt, mesh_hops=options.mesh_hops))
             except _ReplicaFault as fault:
                 annotate(span, error_type=fault.error.error_type if fault.reply is None else None,
                          status=fault.reply.status if fault.reply else None)

@@ -9,6 +9,7 @@ once per model and cached; a backend without a tokenizer endpoint is read by tok
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -16,8 +17,17 @@ from typing import Any, Protocol
 import orjson
 
 from app.decisions import labels
-from app.errors import ArbiterError
-from infra_adapters.base import Backend, BackendError, CallOptions, RemoteModel, Reply, Stream
+from app.decisions.schema import MEDIA_FIELDS
+from app.errors import ArbiterError, InvalidRequest
+from infra_adapters.base import (
+    Backend,
+    BackendTimeout,
+    CallOptions,
+    RemoteModel,
+    Reply,
+    ReplyNotOk,
+    Stream,
+)
 
 log = logging.getLogger("arbiter.labels")
 ALL_LABELS = (*labels.CHOICE_LABELS, *labels.NOUL_LABELS, *labels.SCORE_LABELS)
@@ -61,6 +71,7 @@ class LabelBackend:
         self._reader = reader
         self._token_ids: dict[str, list[int]] | None = None
         self._tokenizer_known = False
+        self._tokenizer_lock = asyncio.Lock()
 
     @property
     def has_credential(self) -> bool:
@@ -73,7 +84,9 @@ class LabelBackend:
         return self.inner.list_models()
 
     def route(self, api: str) -> str | None:
-        return self.inner.route(api)
+        # The OpenAI Decisions API is translated onto /v1/systemone, that is onto label reading,
+        # never sent to the backend's own /v1/decisions.
+        return None if api == "openai-decisions" else self.inner.route(api)
 
     async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> Stream:
         return await self.inner.open(path, body, options)
@@ -83,27 +96,34 @@ class LabelBackend:
 
     async def token_ids(self) -> dict[str, list[int]] | None:
         """Every label's token ids from the model's tokenizer, read once (None: no tokenizer)."""
-        if not self._tokenizer_known:
-            found: dict[str, list[int]] = {}
-            for label in ALL_LABELS:
-                ids = await self._reader.tokenize(label)
-                if ids is None:
-                    found = {}
-                    break
-                found[label] = ids
-            self._token_ids = found or None
-            self._tokenizer_known = True
+        async with self._tokenizer_lock:  # concurrent first requests share one lookup
+            if not self._tokenizer_known:
+                found = await asyncio.gather(*(self._reader.tokenize(label) for label in ALL_LABELS))
+                self._token_ids = (None if any(ids is None for ids in found)
+                                   else {label: ids for label, ids in zip(ALL_LABELS, found) if ids is not None})
+                self._tokenizer_known = True
         return self._token_ids
 
     async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:
+        media = [field for field in MEDIA_FIELDS if body.get(field)]
+        if media:
+            return _refusal(InvalidRequest(f"model '{self.model}' answers decisions by label reading, which reads "
+                                           f"text only; it cannot take {', '.join(media)}"))
         try:
-            token_ids = await self.token_ids()
-            answer = await labels.decide(body, _Bound(self._reader, options), token_ids)
+            async with asyncio.timeout(options.timeout or None):
+                token_ids = await self.token_ids()
+                answer = await labels.decide(body, _Bound(self._reader, options), token_ids)
         except ArbiterError as error:  # a question that cannot be read this way: the tenant's 400
-            return Reply(error.status, "application/json", error.body())
-        except BackendError:
-            raise
+            return _refusal(error)
+        except ReplyNotOk as refused:  # the backend's own answer to a read: judged as any backend's
+            return refused.reply
+        except TimeoutError as exc:
+            raise BackendTimeout(f"model '{self.model}' was not read within {options.timeout:g}s") from exc
         return Reply(200, "application/json", orjson.dumps({"model": body.get("model", self.model), **answer}))
 
     async def aclose(self) -> None:
         await self._reader.aclose()
+
+
+def _refusal(error: ArbiterError) -> Reply:
+    return Reply(error.status, "application/json", error.body())

@@ -194,8 +194,14 @@ async def decide(body: Mapping[str, Any], reader: LabelReader,
     for qid, question in questions.items():
         labels = labels_for(qid, question)
         plans.append((qid, question, labels, single_token_ids(qid, labels, token_ids)))
-    reads = await asyncio.gather(*(reader.read(messages_for(state, question, labels), labels, ids)
-                                   for _, question, labels, ids in plans))
+    tasks = [asyncio.ensure_future(reader.read(messages_for(state, question, labels), labels, ids))
+             for _, question, labels, ids in plans]
+    try:
+        reads = await asyncio.gather(*tasks)
+    except BaseException:  # one read failed (or the request was cancelled): the others stop too
+        for task in tasks:
+            task.cancel()
+        raise
     answers: dict[str, Any] = {}
     diagnostics: dict[str, Any] = {}
     for (qid, question, labels, _), read in zip(plans, reads):

@@ -1,10 +1,14 @@
 """How mesh nodes prove they hold the mesh key, without ever sending it.
 
-A request from a node carries ``Authorization: ArbiterMesh v1;<node>;<ts>;<nonce>;<hops>;<salt>;<sig>``,
-where ``salt`` is the entry node's prefix-cache salt of the caller's project (``-`` for none) and
-``sig`` is HMAC-SHA-256 over the method, the path, those fields and the SHA-256 of the body. The receiver checks the clock window, that the nonce is new, and the signature in
-constant time. An answer to a model-list exchange carries ``X-Arbiter-Mesh-Proof``: the HMAC of
-the request's nonce and the answer's body, so the caller knows the peer holds the key too.
+A request from a node carries
+``Authorization: ArbiterMesh v1;<node>;<target>;<ts>;<nonce>;<hops>;<salt>;<sig>``, where
+``target`` is the node it is meant for (``*`` only for a first model-list exchange, before the
+peer's name is known), ``salt`` the entry node's prefix-cache salt of the caller's project (``-``
+for none) and ``sig`` HMAC-SHA-256 over the method, the path, those fields and the SHA-256 of
+the body. The receiver checks that it is the target, the clock window, that the nonce is new,
+and the signature in constant time. An answer to a model-list exchange carries
+``X-Arbiter-Mesh-Proof``: the HMAC of the request's nonce and the answer's body, so the caller
+knows the peer holds the key too.
 """
 
 from __future__ import annotations
@@ -14,16 +18,20 @@ import hmac
 import re
 import secrets
 import time
+from collections import deque
 from dataclasses import dataclass
 
-from app.errors import AuthenticationFailed
+from app.errors import AuthenticationFailed, BackendFailed
 
 SCHEME = "ArbiterMesh "
 PROOF_HEADER = "X-Arbiter-Mesh-Proof"
-HOPS_HEADER = "X-Arbiter-Mesh-Hops"
+ANY_NODE = "*"
 WINDOW = 60.0  # seconds a signature is accepted either side of the receiver's clock
-_NONCES_MAX = 200_000
+_NONCES_MAX = 500_000
 _NODE_NAME = re.compile(r"^[A-Za-z0-9._:@\-]{1,100}$")
+_NONCE = re.compile(r"^[0-9a-f]{32}$")
+_SIGNATURE = re.compile(r"^[0-9a-f]{64}$")
+_SALT = re.compile(r"^[0-9a-f]{16,128}$")
 
 
 def valid_node_name(name: str) -> bool:
@@ -35,6 +43,7 @@ class Claim:
     """A request's mesh credential, read from its header; its signature is checked against the body."""
 
     node: str
+    target: str
     timestamp: int
     nonce: str
     hops: int
@@ -48,15 +57,17 @@ class MeshAuth:
     def __init__(self, key: str, node: str) -> None:
         self._key = key.encode()
         self.node = node
-        self._seen: dict[str, float] = {}
+        self._seen: set[str] = set()
+        self._expiring: deque[tuple[float, str]] = deque()
 
     # -- the sending side ----------------------------------------------------------
 
-    def sign(self, method: str, path: str, body: bytes, hops: int = 1, salt: str | None = None) -> tuple[str, str]:
-        """``(Authorization header value, nonce)`` for a request to a peer."""
+    def sign(self, method: str, path: str, body: bytes, hops: int = 1, salt: str | None = None,
+             target: str = ANY_NODE) -> tuple[str, str]:
+        """``(Authorization header value, nonce)`` for a request to the peer ``target``."""
         timestamp, nonce, salt_field = int(time.time()), secrets.token_hex(16), salt or "-"
-        signature = self._mac(method, path, self.node, timestamp, nonce, hops, salt_field, body)
-        return f"{SCHEME}v1;{self.node};{timestamp};{nonce};{hops};{salt_field};{signature}", nonce
+        signature = self._mac(method, path, self.node, target, timestamp, nonce, hops, salt_field, body)
+        return f"{SCHEME}v1;{self.node};{target};{timestamp};{nonce};{hops};{salt_field};{signature}", nonce
 
     def answer_valid(self, nonce: str, body: bytes, proof: str | None) -> bool:
         """Whether a peer's answer to our request (``nonce``) was made with the mesh key."""
@@ -64,41 +75,48 @@ class MeshAuth:
 
     # -- the receiving side --------------------------------------------------------
 
-    def claim(self, authorization: str, method: str, path: str) -> Claim:
-        """The header's claim, checked for form and time (AuthenticationFailed otherwise)."""
+    def claim(self, authorization: str, method: str, path: str, *, any_target: bool = False) -> Claim:
+        """The header's claim, checked for form, target and time (AuthenticationFailed otherwise).
+        ``any_target``: the model-list exchange, which a node may send before it knows our name."""
         parts = authorization[len(SCHEME):].split(";")
-        if len(parts) != 7 or parts[0] != "v1":
+        if len(parts) != 8 or parts[0] != "v1":
             raise AuthenticationFailed("malformed mesh credential")
-        _, node, timestamp, nonce, hops, salt, signature = parts
-        if not (valid_node_name(node) and timestamp.isdigit() and hops.isdigit() and len(hops) < 4
-                and (salt == "-" or re.fullmatch(r"[0-9a-f]{16,128}", salt))
-                and re.fullmatch(r"[0-9a-f]{32}", nonce) and re.fullmatch(r"[0-9a-f]{64}", signature)):
+        _, node, target, timestamp, nonce, hops, salt, signature = parts
+        if not (valid_node_name(node) and (target == ANY_NODE or valid_node_name(target))
+                and timestamp.isdigit() and hops.isdigit() and len(hops) < 4
+                and (salt == "-" or _SALT.match(salt)) and _NONCE.match(nonce) and _SIGNATURE.match(signature)):
             raise AuthenticationFailed("malformed mesh credential")
+        if node == self.node:
+            raise AuthenticationFailed("a request signed by this node came back to it: a mesh loop")
+        if target != self.node and not (any_target and target == ANY_NODE):
+            raise AuthenticationFailed(f"mesh credential meant for another node ({target})")
         if abs(time.time() - int(timestamp)) > WINDOW:
             raise AuthenticationFailed("mesh credential out of its time window (are the nodes' clocks right?)")
-        return Claim(node, int(timestamp), nonce, int(hops), None if salt == "-" else salt, signature, method, path)
+        return Claim(node, target, int(timestamp), nonce, int(hops), None if salt == "-" else salt, signature,
+                     method, path)
 
     def verify(self, claim: Claim, body: bytes) -> None:
         """AuthenticationFailed unless the claim was signed with the mesh key over this body, once."""
-        expected = self._mac(claim.method, claim.path, claim.node, claim.timestamp, claim.nonce, claim.hops,
-                             claim.salt or "-", body)
+        expected = self._mac(claim.method, claim.path, claim.node, claim.target, claim.timestamp, claim.nonce,
+                             claim.hops, claim.salt or "-", body)
         if not hmac.compare_digest(expected, claim.signature):
             raise AuthenticationFailed("mesh credential refused: wrong mesh key")
         now = time.monotonic()
+        while self._expiring and self._expiring[0][0] <= now:
+            self._seen.discard(self._expiring.popleft()[1])
         if claim.nonce in self._seen:
             raise AuthenticationFailed("mesh credential refused: replayed")
-        if len(self._seen) >= _NONCES_MAX:
-            self._seen = {n: t for n, t in self._seen.items() if t > now}
-            if len(self._seen) >= _NONCES_MAX:
-                self._seen.clear()
-        self._seen[claim.nonce] = now + 2 * WINDOW
+        if len(self._seen) >= _NONCES_MAX:  # never forget a live nonce: refuse for a moment instead
+            raise BackendFailed(503, "too many mesh requests at once; try again shortly", retry_after=1)
+        self._seen.add(claim.nonce)
+        self._expiring.append((now + 2 * WINDOW, claim.nonce))
 
     def answer_proof(self, nonce: str, body: bytes) -> str:
         message = b"arbiter-mesh-v1 answer\n" + nonce.encode() + b"\n" + hashlib.sha256(body).hexdigest().encode()
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
-    def _mac(self, method: str, path: str, node: str, timestamp: int, nonce: str, hops: int, salt: str,
-             body: bytes) -> str:
-        message = "\n".join(("arbiter-mesh-v1", method, path, node, str(timestamp), nonce, str(hops), salt,
+    def _mac(self, method: str, path: str, node: str, target: str, timestamp: int, nonce: str, hops: int,
+             salt: str, body: bytes) -> str:
+        message = "\n".join(("arbiter-mesh-v1", method, path, node, target, str(timestamp), nonce, str(hops), salt,
                              hashlib.sha256(body).hexdigest())).encode()
         return hmac.new(self._key, message, hashlib.sha256).hexdigest()

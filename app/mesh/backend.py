@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from app.mesh.auth import HOPS_HEADER, MeshAuth
+from app.mesh.auth import ANY_NODE, MeshAuth
 from infra_adapters.base import CallOptions, RemoteModel, Reply
 from infra_adapters.http import AiohttpStream, HttpBackendBase
 
@@ -22,6 +22,7 @@ class MeshBackend(HttpBackendBase):
     def __init__(self, url: str, auth: MeshAuth, *, connect_timeout: float, pool_size: int) -> None:
         super().__init__(url, connect_timeout=connect_timeout, pool_size=pool_size)
         self._auth = auth
+        self.target = ANY_NODE  # the peer's node name, once known (the signature is only good there)
 
     @property
     def has_credential(self) -> bool:
@@ -44,9 +45,8 @@ class MeshBackend(HttpBackendBase):
 
     async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> AiohttpStream:
         data = orjson.dumps(body)
-        hops = int(options.headers.get(HOPS_HEADER, "0")) + 1
-        authorization, _ = self._auth.sign("POST", path, data, hops, options.tenant_salt)
+        authorization, _ = self._auth.sign("POST", path, data, options.mesh_hops + 1, options.tenant_salt,
+                                           self.target)
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "User-Agent": "arbiter",
-                   **{k: v for k, v in options.headers.items() if k != HOPS_HEADER},
-                   "Authorization": authorization, HOPS_HEADER: str(hops)}
+                   **options.headers, "Authorization": authorization}
         return await self._open(path, data, headers, options)

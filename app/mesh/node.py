@@ -18,6 +18,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -32,10 +33,11 @@ from app.errors import (
     Conflict,
     InvalidRequest,
     NotFound,
+    TooLarge,
     Unsupported,
     UpstreamAuthFailed,
 )
-from app.mesh.auth import PROOF_HEADER, MeshAuth
+from app.mesh.auth import ANY_NODE, PROOF_HEADER, MeshAuth, valid_node_name
 from app.mesh.backend import MeshBackend
 from app.mesh.protocol import (
     EXCHANGE_PATH,
@@ -53,6 +55,7 @@ from app.version import VERSION
 
 log = logging.getLogger("arbiter.mesh")
 MAX_EXCHANGE_BYTES = 8 * 1024 * 1024
+IDLE_BACKEND_SECONDS = 60.0
 _UNLIMITED_TEXT = 1 << 62  # the node that has the model applies its own text limit
 
 
@@ -100,6 +103,8 @@ class Mesh:
         self._refused: deque[dict[str, Any]] = deque(maxlen=50)
         self._replicas: dict[tuple[str, str], Replica] = {}
         self._backends: dict[str, MeshBackend] = {}
+        self._backend_used: dict[str, float] = {}  # url -> time.monotonic() it last carried a route
+        self._closing: set[asyncio.Task[None]] = set()
         self._ids: dict[str, int] = {}
         self._client: httpx.AsyncClient | None = None
 
@@ -111,8 +116,16 @@ class Mesh:
         timeout = min(5.0, self._settings.backend_admin_timeout)
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=min(timeout, 3.0)),
                                          follow_redirects=False)
-        for url in configured_peers(self._settings.mesh_peers):
+        if not valid_node_name(self.name):
+            raise ValueError(f"ARBITER_MESH_NODE_NAME {self.name!r} is not a valid node name "
+                             "(1-100 of A-Z a-z 0-9 . _ : @ -)")
+        peers = configured_peers(self._settings.mesh_peers)
+        if _loopback(self.url) and any(not _loopback(url) for url in peers):
+            log.warning("this node announces %s, a loopback address, to peers on other hosts: they cannot "
+                        "reach it; set ARBITER_MESH_URL", self.url)
+        for url in peers:
             self._add_outbound(url, "config", None)
+        self._tasks["sweep"] = asyncio.create_task(self._sweep())
         await self.reload_peers()
         log.info("mesh node %s at %s; peers: %s", self.name, self.url,
                  ", ".join(p.url or "?" for p in self._peers.values()) or "none yet")
@@ -129,6 +142,9 @@ class Mesh:
         for backend in self._backends.values():
             await backend.aclose()
         self._backends.clear()
+        for task in list(self._closing):
+            with contextlib.suppress(Exception):
+                await task
 
     async def reload_peers(self) -> None:
         """Peers added or removed through the admin API (here or on another replica of this node)."""
@@ -197,7 +213,7 @@ class Mesh:
 
     def too_old_peers(self) -> list[Peer]:
         """Known peers whose version does not know decision models."""
-        return [p for p in self._peers.values()
+        return [p for p in list(self._peers.values())
                 if p.decision_models is False and p.state in ("connected", "refused_us")]
 
     def check_decision_install(self, capabilities: list[str]) -> None:
@@ -236,7 +252,7 @@ class Mesh:
     async def _exchange(self, peer: Peer) -> None:
         assert self._client is not None and self.auth is not None and peer.url is not None
         body = orjson.dumps(self._announcement(peer.name))
-        authorization, nonce = self.auth.sign("POST", EXCHANGE_PATH, body)
+        authorization, nonce = self.auth.sign("POST", EXCHANGE_PATH, body, target=peer.name or ANY_NODE)
         url = peer.url + EXCHANGE_PATH
         try:
             async with self._client.stream("POST", url, content=body, headers={
@@ -249,9 +265,15 @@ class Mesh:
             self._lost(peer, f"cannot reach {peer.url}: {type(exc).__name__}")
             return
         if response.status_code in (401, 403):
+            why = _error_message(answer)
+            if "meant for another node" in why:  # the peer has a new name: introduce ourselves again
+                peer.name = None
+                self._lost(peer, f"{peer.url} is now another node; reconnecting", state="connecting")
+                return
             self._set_state(peer, "key_rejected", f"peer {peer.name or peer.url} refused this node's mesh key "
-                                                  f"(HTTP {response.status_code}): every node of a mesh needs "
-                                                  "the same ARBITER_MESH_KEY", level=logging.ERROR)
+                                                  f"(HTTP {response.status_code}: {why or 'no reason given'}); "
+                                                  "every node of a mesh needs the same ARBITER_MESH_KEY and a "
+                                                  "clock within a minute of the others", level=logging.ERROR)
             return
         if response.status_code != 200:
             self._lost(peer, f"{peer.url} answered HTTP {response.status_code} to the model-list exchange "
@@ -300,6 +322,29 @@ class Mesh:
 
     # -- exchanges peers start -------------------------------------------------------
 
+    def early_refusal(self, authorization: str | None, content_length: str | None,
+                      address: str | None) -> tuple[int, bytes, dict[str, str]] | None:
+        """The answer to an exchange refused before its body is read (no mesh, a credential that is
+        malformed, late or meant for another node, a body over the cap), or None to go on."""
+        if self.auth is None:
+            return _error(NotFound("this node is not in a mesh"))
+        try:
+            if authorization is None or not authorization.startswith("ArbiterMesh "):
+                raise AuthenticationFailed("a mesh credential is needed")
+            self.auth.claim(authorization, "POST", EXCHANGE_PATH, any_target=True)
+        except AuthenticationFailed as error:
+            self._refuse(authorization, address, error)
+            return _error(error)
+        if content_length is not None and (not content_length.isdigit() or int(content_length) > MAX_EXCHANGE_BYTES):
+            return _error(TooLarge(f"a model list is at most {MAX_EXCHANGE_BYTES} bytes"))
+        return None
+
+    def _refuse(self, authorization: str | None, address: str | None, error: ArbiterError) -> None:
+        claimed = _claimed_node(authorization)
+        self._refused.append({"at": dt.datetime.now(dt.UTC).isoformat(), "peer": claimed,
+                              "address": address, "reason": error.message})
+        log.warning("refused a mesh exchange from %s (claims to be %s): %s", address, claimed, error.message)
+
     def receive(self, authorization: str | None, body: bytes, address: str | None) -> tuple[int, bytes, dict[str, str]]:
         """A peer's exchange: ``(status, body, headers)`` of the answer."""
         if self.auth is None:
@@ -307,13 +352,10 @@ class Mesh:
         try:
             if authorization is None or not authorization.startswith("ArbiterMesh "):
                 raise AuthenticationFailed("a mesh credential is needed")
-            claim = self.auth.claim(authorization, "POST", EXCHANGE_PATH)
+            claim = self.auth.claim(authorization, "POST", EXCHANGE_PATH, any_target=True)
             self.auth.verify(claim, body)
         except AuthenticationFailed as error:
-            claimed = _claimed_node(authorization)
-            self._refused.append({"at": dt.datetime.now(dt.UTC).isoformat(), "peer": claimed,
-                                  "address": address, "reason": error.message})
-            log.warning("refused a mesh exchange from %s (claims to be %s): %s", address, claimed, error.message)
+            self._refuse(authorization, address, error)
             return _error(error)
         try:
             announcement = self._reader.read(orjson.loads(body))
@@ -365,14 +407,31 @@ class Mesh:
         stale = 3 * self.interval
         best: dict[str, Peer] = {}
         for peer in self._peers.values():
-            if peer.state != "connected" or peer.name is None or peer.url is None:
+            if peer.state != "connected" or peer.name is None or peer.url is None or peer.url == self.url:
                 continue
             if peer.direction == "inbound" and now - peer.seen > stale:
                 continue
             known = best.get(peer.name)
-            if known is None or peer.seen > known.seen:
+            # One link per node, and the same one while it works: the link this node opened (its
+            # configured URL) over one the peer opened, so routes do not flap between addresses.
+            if known is None or (known.direction, peer.direction) == ("inbound", "outbound"):
                 best[peer.name] = peer
         return best
+
+    async def _sweep(self) -> None:
+        """Peers that connect to this node are dropped when they fall silent; forgotten later."""
+        while True:
+            await asyncio.sleep(self.interval)
+            now = time.monotonic()
+            for key, peer in list(self._peers.items()):
+                if peer.direction != "inbound":
+                    continue
+                silent = now - peer.seen
+                if silent > 600:
+                    del self._peers[key]
+                elif silent > 3 * self.interval and peer.state == "connected":
+                    self._lost(peer, f"no model-list exchange from {peer.name} for {silent:.0f}s")
+            self._publish()
 
     def _publish(self) -> None:
         """Hand the mesh's current models to the registry."""
@@ -394,12 +453,21 @@ class Mesh:
             for model in peer.models:
                 if model.name not in entries:
                     blocked[model.name] = _blocked_errors(model.name, peer)
-        self._replicas = {k: r for k, r in self._replicas.items() if k in live}
-        urls = {p.url for p in usable.values()}
-        for url in [u for u in self._backends if u not in urls]:
-            backend = self._backends.pop(url)
-            asyncio.get_running_loop().create_task(backend.aclose())
         self._registry.set_remote(entries, blocked)
+        now = time.monotonic()
+        for peer in usable.values():
+            self._backend_used[peer.url or ""] = now
+        busy = {id(r.backend) for r in self._replicas.values() if r.in_flight > 0}
+        self._replicas = {k: r for k, r in self._replicas.items() if k in live or r.in_flight > 0}
+        for url, backend in list(self._backends.items()):
+            # A pool no route uses for a while, and no request still reads from, is closed; never
+            # one with requests in flight (closing it would leave them hanging).
+            if now - self._backend_used.get(url, 0.0) > IDLE_BACKEND_SECONDS and id(backend) not in busy:
+                del self._backends[url]
+                self._backend_used.pop(url, None)
+                task = asyncio.get_running_loop().create_task(backend.aclose())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
 
     def _replica(self, node: str, url: str, model: RemoteModel, *, legacy: bool) -> Replica:
         backend = self._backends.get(url)
@@ -408,6 +476,7 @@ class Mesh:
             backend = self._backends[url] = MeshBackend(
                 url, self.auth, connect_timeout=self._settings.backend_connect_timeout,
                 pool_size=self._settings.backend_pool_size)
+        backend.target = node
         replica = self._replicas.get((node, model.name))
         if replica is None or replica.backend is not backend:
             replica = self._replicas[(node, model.name)] = Replica(
@@ -426,6 +495,11 @@ class Mesh:
 
 class MeshWarning(Conflict):
     error_type = "mesh_warning"
+
+
+def _loopback(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def configured_peers(value: str) -> list[str]:
@@ -448,6 +522,15 @@ def _blocked_errors(name: str, peer: Peer) -> dict[str, ArbiterError]:
            "this node's model list")
     return {"decision": Unsupported(f"model '{name}' is only on {why}; it cannot answer decisions"),
             "chat": NotFound(f"model '{name}' is only on {why}")}
+
+
+def _error_message(body: bytes) -> str:
+    """The ``error`` text of an Arbiter error answer, cut short; empty when there is none."""
+    try:
+        message = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return ""
+    return message[:300] if isinstance(message, str) else ""
 
 
 def _claimed_node(authorization: str | None) -> str | None:

@@ -25,7 +25,7 @@ from app.mesh.auth import valid_node_name
 
 PROTOCOL = 1
 EXCHANGE_PATH = "/mesh/v1/exchange"
-KNOWN_TYPES = frozenset({"ollama", "ollama-external", "ollama-cloud", "vllm"})
+KNOWN_TYPES = frozenset({"ollama", "ollama-external", "ollama-cloud", "vllm", "openai", "local"})
 KNOWN_CAPABILITIES = frozenset({"decision", "completion", "embedding", "vision", "audio", "video"})
 _ANNOUNCEMENT_FIELDS = frozenset({"protocol", "node", "url", "version", "decision_models", "models",
                                   "refused", "accepted", "reason"})

@@ -25,5 +25,10 @@ class TenantSalts:
         return salt
 
     def of_caller(self, principal: Principal) -> str:
-        """A forwarded mesh request keeps the salt its entry node gave the caller's project."""
-        return principal.mesh_salt or self.of(principal.project_id)
+        """The caller's salt. A forwarded mesh request's is derived from the entry node's name and
+        the salt it gave the caller's project: project ids are per database, so two nodes' project 1
+        must not share a prefix cache here."""
+        if principal.mesh_salt is None:
+            return self.of(principal.project_id)
+        message = f"mesh:{principal.key_prefix}:{principal.mesh_salt}".encode()
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()

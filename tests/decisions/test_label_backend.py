@@ -16,6 +16,7 @@ from infra_adapters.emulators.logprobs_chat import token_id
 from infra_adapters.emulators.ollama_state import OllamaState
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState
+from tests.api.public.openai_sdk import QUESTIONS
 from tests.support import Gateway, Stack, assert_error, decision
 
 QWEN = "Qwen/Qwen3-0.6B"
@@ -108,8 +109,7 @@ def test_label_reading_needs_a_generation_model(vllm_stack: Stack, db: Database)
     admin = vllm_stack.client("admin")
     custom = admin.post("/admin/services/vllm/models", json={"model": QWEN, "public_name": "qwen-embed",
                                                            "capabilities": ["embedding"]})
-    if custom.status_code not in (200, 201):
-        pytest.skip(f"cannot add a second card for the model here: {custom.text}")
+    assert custom.status_code == 201, custom.text
     response = admin.patch(f"/admin/models/{_model_id(vllm_stack, 'qwen-embed')}", json={"read_strategy": "labels"})
     assert_error(response, 400, "invalid_request_error")
     assert "completion capability" in response.json()["error"]
@@ -160,3 +160,40 @@ def test_an_openai_compatible_server_serves_decisions_and_chat(
     assert chat.status_code == 200, chat.text
     off = stack.client("admin").patch(f"/admin/models/{card['id']}", json={"read_strategy": None})
     assert_error(off, 400, "invalid_request_error")
+
+
+def test_the_backends_own_answers_to_reads_are_judged_as_any_backends(vllm_stack: Stack) -> None:
+    state: VllmState = vllm_stack.extra["vllm"]
+    _labels_on(vllm_stack, QWEN)
+    assert vllm_stack.client().post("/v1/systemone", json=decision(QWEN)).status_code == 200  # token ids known
+    # A 400 of the backend (say, a prompt over its context) passes through and takes nothing out.
+    state.faults.status, state.faults.body = 400, b'{"error": {"message": "too long", "code": 400}}'
+    response = vllm_stack.client().post("/v1/systemone", json=decision(QWEN))
+    assert response.status_code == 400 and response.content == b'{"error": {"message": "too long", "code": 400}}'
+    # A 401 from a service Arbiter sends no key to passes through as it came (with a key: 500).
+    state.faults.status, state.faults.body = 401, b'{"error": "Unauthorized"}'
+    response = vllm_stack.client().post("/v1/systemone", json=decision(QWEN))
+    assert response.status_code == 401 and response.content == b'{"error": "Unauthorized"}'
+    state.faults.reset()
+    assert vllm_stack.client().post("/v1/systemone", json=decision(QWEN)).status_code == 200
+    # A 503 takes the replica out for its back-off, as for any backend.
+    state.faults.status, state.faults.body = 503, b'{"error": "busy"}'
+    assert vllm_stack.client().post("/v1/systemone", json=decision(QWEN)).status_code == 503
+    state.faults.reset()
+    assert_error(vllm_stack.client().post("/v1/systemone", json=decision(QWEN)), 503, "backend_error")
+
+
+def test_media_and_the_openai_decisions_api_on_a_label_read_model(vllm_stack: Stack) -> None:
+    state: VllmState = vllm_stack.extra["vllm"]
+    _labels_on(vllm_stack, QWEN)
+    with_image = decision(QWEN, images=["aGVsbG8="])
+    response = vllm_stack.client().post("/v1/systemone", json=with_image)
+    # Refused either by the capability check (no vision) or by label reading (text only): never ignored.
+    assert_error(response, 400, "invalid_request_error")
+    before = len(state.requests)
+    body = {"model": QWEN, "input": "My card was charged twice.", "questions": QUESTIONS}
+    answer = vllm_stack.client().post("/v1/decisions", json=body)
+    assert answer.status_code == 200, answer.text
+    assert [a["name"] for a in answer.json()["answers"]] == ["damaged", "department", None]
+    paths = [r.path for r in state.requests[before:]]
+    assert "/v1/decisions" not in paths and paths.count("/v1/chat/completions") == 3

@@ -46,8 +46,8 @@ def test_a_model_on_a_peer_answers_through_this_node_and_is_billed_once(mesh_nod
     response = a.client().post("/v1/systemone", json=decision("tev1"), headers={"traceparent": TRACEPARENT})
     assert response.status_code == 200, response.text
     assert response.json()["model"] == "tev1"
-    forwarded = b.ollama.requests[before:]
-    assert [r.path for r in forwarded] == ["/v1/systemone"]
+    forwarded = [r for r in b.ollama.requests[before:] if r.path == "/v1/systemone"]  # not B's syncs
+    assert len(forwarded) == 1
     assert forwarded[0].header("traceparent") == TRACEPARENT
     assert forwarded[0].json["questions"] == decision("tev1")["questions"]  # order and content kept
 
@@ -162,20 +162,28 @@ def test_forwarded_requests_need_the_mesh_credential(mesh_node: Callable[..., No
     body = orjson.dumps(decision("tev1"))
     good = MeshAuth(MESH_KEY, "node-x")
     with httpx.Client(base_url=b.url) as client:
-        authorization, _ = good.sign("POST", "/v1/systemone", body)
+        authorization, _ = good.sign("POST", "/v1/systemone", body, target="node-b")
         ok = client.post("/v1/systemone", content=body, headers={"Authorization": authorization})
         assert ok.status_code == 200, ok.text
         # The same credential again (a replay), a wrong key, another body, a made-up scheme.
         assert_error(client.post("/v1/systemone", content=body, headers={"Authorization": authorization}),
                      401, "authentication_error")
-        wrong, _ = MeshAuth("another key", "node-x").sign("POST", "/v1/systemone", body)
+        wrong, _ = MeshAuth("another key", "node-x").sign("POST", "/v1/systemone", body, target="node-b")
         assert_error(client.post("/v1/systemone", content=body, headers={"Authorization": wrong}),
                      401, "authentication_error")
-        signed, _ = good.sign("POST", "/v1/systemone", body)
+        signed, _ = good.sign("POST", "/v1/systemone", body, target="node-b")
         assert_error(client.post("/v1/systemone", content=body.replace(b"tev1", b"tev2"),
                                  headers={"Authorization": signed}), 401, "authentication_error")
         assert_error(client.post("/v1/systemone", content=body, headers={"Authorization": "ArbiterMesh v1;x"}),
                      401, "authentication_error")
+        # Meant for another node (a request captured on its way to C, replayed to B), or for any node.
+        for target in ("node-c", "*"):
+            elsewhere, _ = good.sign("POST", "/v1/systemone", body, target=target)
+            refused = client.post("/v1/systemone", content=body, headers={"Authorization": elsewhere})
+            assert_error(refused, 401, "authentication_error")
+        # Signed by the node itself: a loop.
+        own, _ = MeshAuth(MESH_KEY, "node-b").sign("POST", "/v1/systemone", body, target="node-b")
+        assert "loop" in client.post("/v1/systemone", content=body, headers={"Authorization": own}).text
     time.sleep(0.3)
     assert _usage(b) == []  # a forwarded request is billed by the node it entered
 
@@ -183,7 +191,7 @@ def test_forwarded_requests_need_the_mesh_credential(mesh_node: Callable[..., No
 def test_a_standalone_node_refuses_mesh_credentials(mesh_node: Callable[..., Node]) -> None:
     b = mesh_node("node-b", models={"tev1": ["decision"]}, mesh_key=None)
     body = orjson.dumps(decision("tev1"))
-    authorization, _ = MeshAuth(MESH_KEY, "node-x").sign("POST", "/v1/systemone", body)
+    authorization, _ = MeshAuth(MESH_KEY, "node-x").sign("POST", "/v1/systemone", body, target="node-b")
     response = httpx.post(f"{b.url}/v1/systemone", content=body, headers={"Authorization": authorization})
     assert_error(response, 401, "authentication_error")
     assert b.mesh()["enabled"] is False
@@ -191,14 +199,18 @@ def test_a_standalone_node_refuses_mesh_credentials(mesh_node: Callable[..., Nod
 
 
 def test_tenants_cannot_send_hop_headers(mesh_node: Callable[..., Node]) -> None:
-    b = mesh_node("node-b", models={"tev1": ["decision"]})
+    # A line of three where B forwards only requests that have taken fewer than 2 hops: a tenant's
+    # hop header, if it were read, would stop the request at B.
+    c = mesh_node("node-c", models={"tev1": ["decision"]})
+    b = mesh_node("node-b", peers=[c.url], mesh_max_hops=2)
     a = mesh_node("node-a", peers=[b.url])
     wait_for(lambda: _answers(a, "tev1"))
-    before = len(b.ollama.requests)
+    before = len(c.ollama.requests)
     response = a.client().post("/v1/systemone", json=decision("tev1"),
                                headers={"X-Arbiter-Mesh-Hops": "99", "X-Arbiter-Mesh-Proof": "forged"})
-    assert response.status_code == 200
-    assert "X-Arbiter-Mesh-Proof".lower() not in {k.lower() for k in b.ollama.requests[before].headers}
+    assert response.status_code == 200, response.text
+    (served,) = [r for r in c.ollama.requests[before:] if r.path == "/v1/systemone"]
+    assert not {k.lower() for k in served.headers} & {"x-arbiter-mesh-hops", "x-arbiter-mesh-proof"}
 
 
 def test_the_hop_limit_stops_a_request(mesh_node: Callable[..., Node]) -> None:
@@ -208,7 +220,7 @@ def test_the_hop_limit_stops_a_request(mesh_node: Callable[..., Node]) -> None:
     body = orjson.dumps(decision("tev1"))
     auth = MeshAuth(MESH_KEY, "node-x")
     for hops, status in ((1, 200), (2, 404)):
-        authorization, _ = auth.sign("POST", "/v1/systemone", body, hops)
+        authorization, _ = auth.sign("POST", "/v1/systemone", body, hops, target="node-b")
         response = httpx.post(f"{b.url}/v1/systemone", content=body, headers={"Authorization": authorization})
         assert response.status_code == status, response.text
 
@@ -242,3 +254,30 @@ def test_the_openai_decisions_api_goes_through_the_mesh(mesh_node: Callable[...,
     assert [x["name"] for x in answer.json()["answers"]] == ["damaged", "department", None]
     wait_for(lambda: any(r.operation == "decision" and r.provider == "mesh" and r.status == 200
                          for r in _usage(a)))
+
+
+def test_a_peer_that_only_connects_here_is_dropped_when_it_falls_silent(mesh_node: Callable[..., Node]) -> None:
+    a = mesh_node("node-a")
+    b = mesh_node("node-b", models={"tev1": ["decision"]}, peers=[a.url])
+    wait_for(lambda: _answers(a, "tev1"))
+    b.gateway.stop()
+    started = time.monotonic()
+    wait_for(lambda: _missing(a, "tev1"), timeout=5)
+    assert time.monotonic() - started < 5
+    peer = a.peer("node-b")
+    assert peer is not None and peer["state"] == "unreachable" and "no model-list exchange" in peer["error"]
+
+
+def test_a_link_both_ways_keeps_one_route_per_node(mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"llama3.2": ["completion"]})
+    # A reaches B by "localhost"; B announces "127.0.0.1": two links to one node must not flap.
+    a = mesh_node("node-a", peers=[b.url.replace("127.0.0.1", "localhost")])
+    assert b.admin().post("/admin/mesh/peers", json={"url": a.url}).status_code == 201  # B connects back too
+    body = {"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    wait_for(lambda: a.client().post("/v1/chat/completions", json={**body, "stream": False}).status_code == 200)
+    b.ollama.stream_delay = 0.2
+    with a.client().stream("POST", "/v1/chat/completions", json=body) as stream:
+        assert stream.status_code == 200
+        assert b"data: [DONE]" in b"".join(stream.iter_bytes())
+    mesh = a.gateway.app.components.mesh
+    assert len(mesh._backends) == 1  # one pool for node-b: the configured address

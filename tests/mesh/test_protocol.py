@@ -57,12 +57,12 @@ def test_an_answer_without_accepted_counts_as_accepted() -> None:
 
 def test_signatures_bind_key_body_path_hops_and_salt() -> None:
     sender, receiver = MeshAuth("k", "node-a"), MeshAuth("k", "node-b")
-    header, _ = sender.sign("POST", "/v1/systemone", b"{}", hops=2, salt="ab" * 16)
+    header, _ = sender.sign("POST", "/v1/systemone", b"{}", hops=2, salt="ab" * 16, target="node-b")
     claim = receiver.claim(header, "POST", "/v1/systemone")
     assert (claim.node, claim.hops, claim.salt) == ("node-a", 2, "ab" * 16)
     receiver.verify(claim, b"{}")
     for method, path, body in (("POST", "/v1/systemone", b"{ }"), ("POST", "/api/chat", b"{}")):
-        fresh, _ = sender.sign("POST", "/v1/systemone", b"{}", hops=2)
+        fresh, _ = sender.sign("POST", "/v1/systemone", b"{}", hops=2, target="node-b")
         with pytest.raises(AuthenticationFailed):
             receiver.verify(receiver.claim(fresh, method, path), body)
     tampered = header.replace(";2;", ";1;")
@@ -72,14 +72,30 @@ def test_signatures_bind_key_body_path_hops_and_salt() -> None:
 
 def test_old_credentials_and_malformed_ones_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     auth = MeshAuth("k", "node-a")
-    header, _ = auth.sign("POST", "/p", b"")
+    receiver = MeshAuth("k", "node-b")
+    header, _ = auth.sign("POST", "/p", b"", target="node-b")
     real = time.time
     monkeypatch.setattr(time, "time", lambda: real() + 120)
     with pytest.raises(AuthenticationFailed, match="time window"):
-        auth.claim(header, "POST", "/p")
-    for bad in ("ArbiterMesh ", "ArbiterMesh v2;a;1;2;3;-;4", "ArbiterMesh v1;a b;1;" + "0" * 32 + ";1;-;" + "0" * 64):
+        receiver.claim(header, "POST", "/p")
+    for bad in ("ArbiterMesh ", "ArbiterMesh v2;a;b;1;2;3;-;4",
+                "ArbiterMesh v1;a b;node-b;1;" + "0" * 32 + ";1;-;" + "0" * 64):
         with pytest.raises(AuthenticationFailed, match="malformed"):
-            auth.claim(bad, "POST", "/p")
+            receiver.claim(bad, "POST", "/p")
+
+
+def test_a_credential_is_good_only_at_its_target_and_once() -> None:
+    sender, b, c = MeshAuth("k", "node-a"), MeshAuth("k", "node-b"), MeshAuth("k", "node-c")
+    header, _ = sender.sign("POST", "/v1/systemone", b"{}", target="node-b")
+    with pytest.raises(AuthenticationFailed, match="another node"):
+        c.claim(header, "POST", "/v1/systemone")
+    anywhere, _ = sender.sign("POST", "/mesh/v1/exchange", b"{}")
+    c.verify(c.claim(anywhere, "POST", "/mesh/v1/exchange", any_target=True), b"{}")  # a first exchange
+    with pytest.raises(AuthenticationFailed, match="another node"):
+        c.claim(anywhere, "POST", "/mesh/v1/exchange")
+    b.verify(b.claim(header, "POST", "/v1/systemone"), b"{}")
+    with pytest.raises(AuthenticationFailed, match="replayed"):
+        b.verify(b.claim(header, "POST", "/v1/systemone"), b"{}")
 
 
 def test_an_answer_proves_the_peer_holds_the_key() -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from app.api.asgi import Receive, Scope, Send, header_map, send_error
 from app.decisions.body import ClientGone, check_length, content_encoding, read_body
 from app.errors import ArbiterError, AuthenticationFailed
-from app.mesh.auth import HOPS_HEADER, SCHEME, MeshAuth
+from app.mesh.auth import SCHEME, MeshAuth
 from app.telemetry.record import RequestRecord
 from app.tenancy.keycache import KeyCache
 from app.tenancy.principal import Principal
@@ -70,6 +70,4 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
         return None
     forward_headers = {name: headers[name] for name in _PROPAGATED if name in headers}
     forward_headers["X-Request-Id"] = scope["state"]["request_id"]
-    if claim is not None:
-        forward_headers[HOPS_HEADER] = str(claim.hops)
     return Intake(principal, raw, forward_headers)
