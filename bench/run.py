@@ -108,11 +108,11 @@ def request_body(model: str) -> bytes:
 class Cluster:
     """The servers and whichever load generator is running; all stopped in `close`."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, arbiter_log_level: str = "WARNING") -> None:
         self.workdir = workdir
         self.env = dict(os.environ,
                         ARBITER_DATABASE_URL=f"sqlite:///{workdir / 'arbiter.db'}",
-                        ARBITER_LOG_LEVEL="WARNING",
+                        ARBITER_LOG_LEVEL=arbiter_log_level,
                         PYTHONUNBUFFERED="1")
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.emulator_port = free_port()
@@ -661,6 +661,11 @@ def parse_args() -> argparse.Namespace:
                         help="rerun a cell (of 1 s or more) during which other processes used "
                              f"over {BUSY_CELL_UTIL * 100:.0f}%% of a core, up to this many times "
                              "(default 2)")
+    parser.add_argument("--arbiter-log-level", default="WARNING", type=str.upper,
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="Arbiter's ARBITER_LOG_LEVEL (default WARNING: no access line per request, "
+                             "like LiteLLM's lean settings; INFO, Arbiter's own default, writes one JSON "
+                             "line per request to its log file)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the temp dir (database, configs, server logs) and print its path")
     args = parser.parse_args()
@@ -736,6 +741,7 @@ def main() -> int:
         "platform": platform.platform(),
         "git_commit": git_commit(),
         "litellm_version": litellm_version,
+        "arbiter_log_level": args.arbiter_log_level,
         "workers": {"arbiter": WORKERS["arbiter"],
                     **({"litellm": WORKERS["litellm"]} if with_litellm else {})},
         "quick": args.quick,
@@ -756,7 +762,7 @@ def main() -> int:
              if meta["busy_before_start"] > QUIET_UTIL else ""))
 
     workdir = Path(tempfile.mkdtemp(prefix="arbiter-bench-"))
-    cluster = Cluster(workdir)
+    cluster = Cluster(workdir, args.arbiter_log_level)
     cells: list[dict[str, Any]] = []
     soak_result: dict[str, Any] | None = None
     failed = False
@@ -782,6 +788,9 @@ def main() -> int:
               f":{cluster.arbiter_port} ({WORKERS['arbiter']} worker, {procs['arbiter']} "
               f"process)" + (f", litellm :{cluster.litellm_port} ({WORKERS['litellm']} worker, "
                              f"{procs['litellm']} process)" if with_litellm else ""))
+        print(f"arbiter log level: {args.arbiter_log_level}"
+              + (" (an access line per request)" if args.arbiter_log_level in ("DEBUG", "INFO")
+                 else " (no access line per request)"))
 
         if soak:
             print(f"soak: {args.soak} requests through Arbiter at concurrency "

@@ -52,6 +52,8 @@ class VllmBackend(HttpBackendBase):
                 body[field] = [as_data_url(item) for item in items]
         return salted(body, tenant_salt)
 
+    _post_through_open = False  # open() below reshapes chat bodies only, never what _post sends
+
     async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> Any:
         """Chat shares vLLM's prefix cache as decisions do: it carries the tenant's salt too."""
         if options.tenant_salt is not None and path == _ROUTES["openai-chat"]:

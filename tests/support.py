@@ -14,6 +14,7 @@ import uvicorn
 
 from app.db.session import Database
 from app.main import create_app
+from app.server import HttpProtocol
 from app.services import service as services
 from app.settings import Settings
 from app.tenancy import service as tenancy
@@ -56,7 +57,7 @@ class Gateway:
         self.settings = settings = settings.model_copy(update={"port": self.port})
         self.app = create_app(settings, tracer_provider=tracer_provider)
         config = uvicorn.Config(self.app, lifespan="on", log_level="warning", access_log=False,
-                                loop="asyncio", http="httptools")
+                                loop="asyncio", http=HttpProtocol)  # what `arbiter serve` runs
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
                                         daemon=True)

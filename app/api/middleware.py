@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 from collections.abc import Callable
+from typing import Any
 
 from app.api.asgi import ASGIApp, Message, Receive, Scope, Send, send_error
 from app.errors import BackendFailed
@@ -14,11 +15,19 @@ from app.telemetry.tracing import Tracing
 _SAFE_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")
 
 
-class RequestIdMiddleware:
-    """Gives every request an id (the caller's X-Request-Id when it is sane) and echoes it."""
+class RequestMiddleware:
+    """Per HTTP request: an id (the caller's X-Request-Id when it is sane), echoed on the answer;
+    requests in flight; requests by route and status once answered. One layer with one wrapper
+    of ``send``, and the labelled metric children looked up once, not per request (the hot path
+    pays for every layer). Routes are templates (or the lean routes' paths), never raw paths,
+    so the label set stays small."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, lean_paths: frozenset[str]) -> None:
         self.app = app
+        self.metrics = metrics
+        self.lean_paths = lean_paths
+        self._gauges = {path: metrics.in_flight.labels(path) for path in (*lean_paths, "api")}
+        self._counters: dict[tuple[str, str, int], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -30,48 +39,34 @@ class RequestIdMiddleware:
                 request_id = value.decode()
                 break
         if request_id is None:
-            request_id = uuid.uuid4().hex
+            request_id = os.urandom(16).hex()  # as random as a uuid4's hex, a fifth of the cost
         scope.setdefault("state", {})["request_id"] = request_id
         header = (b"x-request-id", request_id.encode())
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), header]
-            await send(message)
-
-        await self.app(scope, receive, send_with_id)
-
-
-class MetricsMiddleware:
-    """Requests by route and status, and requests in flight. Routes are templates (or the lean
-    routes' paths), never raw paths, so the label set stays small."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics, lean_paths: frozenset[str]) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.lean_paths = lean_paths
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
         path = scope["path"]
         lean = path if path in self.lean_paths else None
-        gauge = self.metrics.in_flight.labels(lean or "api")
-        status = [500]
+        gauge = self._gauges[lean or "api"]
+        status = 500
 
-        async def send_with_status(message: Message) -> None:
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
         gauge.inc()
         try:
-            await self.app(scope, receive, send_with_status)
+            await self.app(scope, receive, send_with_id)
         finally:
             gauge.dec()
             route = lean or getattr(scope.get("route"), "path", None) or "unmatched"
-            self.metrics.requests.labels(route, scope["method"], str(status[0])).inc()
+            key = (route, scope["method"], status)
+            counter = self._counters.get(key)
+            if counter is None:
+                counter = self.metrics.requests.labels(route, scope["method"], str(status))
+                if len(self._counters) < 10_000:  # methods are the caller's: keep the cache bounded
+                    self._counters[key] = counter
+            counter.inc()
 
 
 class ConcurrencyCap:
@@ -104,10 +99,10 @@ class ConcurrencyCap:
 
 def build_stack(app: ASGIApp, metrics: Metrics, lean_paths: frozenset[str], tracing: Tracing,
                 max_concurrency: int = 0) -> ASGIApp:
-    """Outermost first: the server span (when tracing is on), request id, metrics, the cap."""
+    """Outermost first: the server span (when tracing is on), request id and metrics, the cap."""
     if max_concurrency > 0:
         app = ConcurrencyCap(app, max_concurrency, lean_paths, metrics.shed.inc)
-    stack: ASGIApp = RequestIdMiddleware(MetricsMiddleware(app, metrics, lean_paths))
+    stack: ASGIApp = RequestMiddleware(app, metrics, lean_paths)
     if tracing.on:
         from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 

@@ -3,6 +3,7 @@ and what comes back. No database here: the registry and the principal are in mem
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -146,7 +147,9 @@ class Forwarder:
                         options: CallOptions) -> Outcome:
         forwarded = dict(body)
         forwarded["model"] = replica.backend_name
-        headers = dict(options.headers) if self._tracing.on else options.headers
+        if not self._tracing.on:  # no span to open or annotate: skip the context manager
+            return await self._exchange(model, replica, forwarded, dataclasses.replace(options, timeout=replica.timeout))
+        headers = dict(options.headers)
         with self._tracing.client_span("decision", model, replica.provider, replica.service_name,
                                        headers) as span:
             try:

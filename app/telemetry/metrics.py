@@ -7,6 +7,8 @@ No metric has a per-key label.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from app.telemetry.record import RequestRecord
@@ -20,6 +22,7 @@ class Metrics:
     def __init__(self, *, project_label: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._project_label = project_label
+        self._children: dict[tuple[Any, ...], Any] = {}
         token_labels = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_token_type",
                         "gen_ai_request_model"] + (["project"] if project_label else [])
         self.token_usage = Histogram(
@@ -48,15 +51,26 @@ class Metrics:
         if record.model is None or record.status == 0:
             return
         provider = record.provider or "none"
-        self.operation_duration.labels(record.operation, provider, record.model,
-                                       record.error_type or "").observe(record.seconds)
+        self._child(self.operation_duration, (record.operation, provider, record.model,
+                                              record.error_type or "")).observe(record.seconds)
         if record.backend_seconds:
-            self.overhead.labels(record.operation).observe(record.overhead_seconds)
+            self._child(self.overhead, (record.operation,)).observe(record.overhead_seconds)
         if record.status != 200 or record.input_tokens is None or record.forwarded:
             return
         extra = (record.project or "",) if self._project_label else ()
-        self.token_usage.labels(record.operation, provider, "input", record.model, *extra).observe(
+        self._child(self.token_usage, (record.operation, provider, "input", record.model, *extra)).observe(
             record.input_tokens)
         if record.output_tokens is not None:
-            self.token_usage.labels(record.operation, provider, "output", record.model, *extra).observe(
+            self._child(self.token_usage, (record.operation, provider, "output", record.model, *extra)).observe(
                 record.output_tokens)
+
+    def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
+        """``metric.labels(*labels)``, looked up once per label set (labels() takes a lock and
+        builds its key on every call; a decision observes four series)."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = metric.labels(*labels)
+            if len(self._children) < 10_000:  # label values are bounded upstream; the cache is too
+                self._children[key] = child
+        return child

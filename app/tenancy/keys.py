@@ -46,7 +46,7 @@ class KeyHasher:
     def digest(self, value: str) -> str:
         data = value.encode("utf-8", "surrogatepass")
         if self._pepper:
-            return hmac.new(self._pepper, data, hashlib.sha256).hexdigest()
+            return hmac.digest(self._pepper, data, "sha256").hex()  # OpenSSL's one-shot HMAC: hmac.new's result
         return hashlib.sha256(data).hexdigest()
 
     def new(self, kind: str) -> NewKey:

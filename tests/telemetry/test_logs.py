@@ -82,3 +82,55 @@ def test_payload_logging_puts_the_state_in(stack: Stack, captured: io.StringIO, 
     with verbose.client(stack.project_key) as client:
         assert client.post("/v1/systemone", json=decision(state={"ticket": "visible"})).status_code == 200
     assert access_lines(captured)[-1]["state"] == {"ticket": "visible"}
+
+
+def test_serve_s_log_set_up_writes_the_same_access_line_batched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`arbiter serve` logs through one BatchingHandler: access lines take a short cut past the
+    logging machinery there, and must come out as JsonFormatter writes them; anything else
+    (another handler, a filter) takes the usual way."""
+    from app.telemetry.logs import BatchingHandler, _sole_handler, log_request
+    from app.telemetry.record import RequestRecord
+
+    record = RequestRecord("rid-1", "decision", "/v1/systemone", model="nimble", project="acme", provider="ollama",
+                           status=200, seconds=0.0123, backend_seconds=0.01, input_tokens=7, output_tokens=2,
+                           error_type=None, metadata={"safety_identifier": "u1"})
+    lines = []
+    for extra_filter in (False, True):
+        stream = io.StringIO()
+        handler = BatchingHandler(stream, interval=60)  # written only by the flush below
+        handler.setFormatter(JsonFormatter())
+        if extra_filter:
+            handler.addFilter(lambda _record: True)
+        monkeypatch.setattr(logging.getLogger(), "handlers", [handler])
+        monkeypatch.setattr(logging.getLogger(), "level", logging.INFO)
+        assert _sole_handler() is (None if extra_filter else handler)  # the short cut, or not
+        log_request(record, state={"ticket": 1})
+        assert stream.getvalue() == ""  # batched
+        handler.close()  # writes what is held, stops its thread
+        lines.append(json.loads(stream.getvalue()))
+    fast, usual = lines
+    assert fast.pop("time")[:4] == usual.pop("time")[:4] == time.strftime("%Y", time.gmtime())
+    assert list(fast.items()) == list(usual.items())  # same fields, same order
+    assert fast["message"] == "decision nimble 200" and fast["state"] == {"ticket": 1}
+
+
+def test_every_line_is_written_though_uvicorn_reconfigures_logging_and_the_process_exits() -> None:
+    """uvicorn's dictConfig closes and forgets every handler at start-up; lines logged after it,
+    up to the last one before the process exits, still reach stderr."""
+    import subprocess
+    import sys
+
+    script = (
+        "import logging, logging.config\n"
+        "from uvicorn.config import LOGGING_CONFIG\n"
+        "from app.telemetry.logs import configure\n"
+        "configure('INFO')\n"
+        "log = logging.getLogger('arbiter.access')\n"
+        "log.info('before')\n"
+        "logging.config.dictConfig(LOGGING_CONFIG)\n"
+        "for i in range(2000):\n"
+        "    log.info('after %d', i)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    messages = [json.loads(line)["message"] for line in done.stderr.splitlines() if line.startswith("{")]
+    assert messages == ["before"] + [f"after {i}" for i in range(2000)]
