@@ -55,6 +55,7 @@ from app.version import VERSION
 
 log = logging.getLogger("arbiter.mesh")
 MAX_EXCHANGE_BYTES = 8 * 1024 * 1024
+MAX_ROW_ID = 2**31 - 1
 IDLE_BACKEND_SECONDS = 60.0
 _UNLIMITED_TEXT = 1 << 62  # the node that has the model applies its own text limit
 
@@ -197,7 +198,8 @@ class Mesh:
 
     def remove_peer(self, peer_id: int, actor: Actor) -> None:
         with self._database.session() as session:
-            row = session.get(MeshPeer, peer_id)
+            # Ids past 32 bits (PostgreSQL's integer) or below 1 name no row; never ask the database.
+            row = session.get(MeshPeer, peer_id) if 0 < peer_id <= MAX_ROW_ID else None
             if row is None:
                 raise NotFound(f"mesh peer {peer_id} does not exist (peers from ARBITER_MESH_PEERS "
                                "cannot be removed here)")
