@@ -7,11 +7,13 @@ lean routes and everything else to FastAPI; the middleware stack wraps both.
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app.api import errors
 from app.api import mesh as mesh_routes
@@ -49,6 +51,11 @@ class Arbiter:
         self.settings = settings
         self.components = Components(settings, tracer_provider)
         self.fastapi = _build_fastapi(self.components)
+        # X-Forwarded-Proto/-For from a trusted proxy (uvicorn's rule and variable: 127.0.0.1 unless
+        # FORWARDED_ALLOW_IPS says otherwise), for the routes that read them (the UI's Secure cookie,
+        # the mesh peer's address). The lean routes never do: they skip this layer.
+        self._framework: ASGIApp = ProxyHeadersMiddleware(
+            self.fastapi, trusted_hosts=os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1"))
         c = self.components
         self.decisions = SystemOneRoute(c.keys, c.forwarder, c.touches, c.observer, c.tracing, settings,
                                         c.mesh.auth)
@@ -75,7 +82,7 @@ class Arbiter:
             if scope["path"] in CHAT_PATHS:
                 await self.chat(scope, receive, send)
                 return
-        await self.fastapi(scope, receive, send)
+        await self._framework(scope, receive, send)
 
 
 def _build_fastapi(components: Components) -> FastAPI:

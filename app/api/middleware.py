@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,11 @@ class RequestMiddleware:
         self.lean_paths = lean_paths
         self._gauges = {path: metrics.in_flight.labels(path) for path in (*lean_paths, "api")}
         self._counters: dict[tuple[str, str, int], Any] = {}
+        # Request ids need to be unique and unguessable from each other, not secret. os.urandom
+        # releases the GIL for its system call, which lets a background thread (the usage
+        # writer) in and can hold a request up for a whole switch interval (5 ms): this
+        # generator, seeded from the system's, makes them without a system call.
+        self._ids = random.Random(os.urandom(32))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -39,7 +45,7 @@ class RequestMiddleware:
                 request_id = value.decode()
                 break
         if request_id is None:
-            request_id = os.urandom(16).hex()  # as random as a uuid4's hex, a fifth of the cost
+            request_id = "%032x" % self._ids.getrandbits(128)
         scope.setdefault("state", {})["request_id"] = request_id
         header = (b"x-request-id", request_id.encode())
         path = scope["path"]

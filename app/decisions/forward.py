@@ -3,7 +3,6 @@ and what comes back. No database here: the registry and the principal are in mem
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -148,14 +147,16 @@ class Forwarder:
         forwarded = dict(body)
         forwarded["model"] = replica.backend_name
         if not self._tracing.on:  # no span to open or annotate: skip the context manager
-            return await self._exchange(model, replica, forwarded, dataclasses.replace(options, timeout=replica.timeout))
+            return await self._exchange(model, replica, forwarded, CallOptions(
+                replica.timeout, options.max_reply_bytes, options.headers, options.tenant_salt,
+                mesh_hops=options.mesh_hops))
         headers = dict(options.headers)
         with self._tracing.client_span("decision", model, replica.provider, replica.service_name,
                                        headers) as span:
             try:
                 outcome = await self._exchange(model, replica, forwarded, CallOptions(
-                    timeout=replica.timeout, max_reply_bytes=options.max_reply_bytes, headers=headers,
-                    tenant_salt=options.tenant_salt, mesh_hops=options.mesh_hops))
+                    replica.timeout, options.max_reply_bytes, headers, options.tenant_salt,
+                    mesh_hops=options.mesh_hops))
             except _ReplicaFault as fault:
                 annotate(span, error_type=fault.error.error_type if fault.reply is None else None,
                          status=fault.reply.status if fault.reply else None)

@@ -7,10 +7,9 @@ No metric has a per-key label.
 
 from __future__ import annotations
 
-from typing import Any
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-
+from app.telemetry.loop_metrics import LoopCounter, LoopHistogram
 from app.telemetry.record import RequestRecord
 
 TOKEN_BUCKETS = tuple(float(4**n) for n in range(14))  # 1, 4, 16, ..., 67108864
@@ -22,17 +21,17 @@ class Metrics:
     def __init__(self, *, project_label: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._project_label = project_label
-        self._children: dict[tuple[Any, ...], Any] = {}
         token_labels = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_token_type",
                         "gen_ai_request_model"] + (["project"] if project_label else [])
-        self.token_usage = Histogram(
+        # Written on every request: lock-free series (loop_metrics.py); the rest are prometheus_client's.
+        self.token_usage = LoopHistogram(
             "gen_ai_client_token_usage", "Tokens used per request (input and output), OTel GenAI.",
             token_labels, buckets=TOKEN_BUCKETS, registry=self.registry)
-        self.operation_duration = Histogram(
+        self.operation_duration = LoopHistogram(
             "gen_ai_client_operation_duration_seconds", "Duration of GenAI operations through the gateway.",
             ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "error_type"],
             buckets=DURATION_BUCKETS, registry=self.registry)
-        self.requests = Counter("arbiter_http_requests", "HTTP requests by route and status.",
+        self.requests = LoopCounter("arbiter_http_requests", "HTTP requests by route and status.",
                                 ["route", "method", "status"], registry=self.registry)
         self.in_flight = Gauge("arbiter_http_requests_in_flight", "HTTP requests being served.",
                                ["route"], registry=self.registry)
@@ -42,35 +41,25 @@ class Metrics:
                                     registry=self.registry)
         self.redis_up = Gauge("arbiter_redis_up", "1 when the shared rate-limit store (Redis) answers, "
                               "0 when it does not (absent without Redis).", registry=self.registry)
-        self.overhead = Histogram("arbiter_gateway_overhead_seconds",
-                                  "Time a request spent in the gateway itself (total minus waiting on the backend).",
-                                  ["gen_ai_operation_name"], buckets=OVERHEAD_BUCKETS, registry=self.registry)
+        self.overhead = LoopHistogram("arbiter_gateway_overhead_seconds",
+                                      "Time a request spent in the gateway itself (total minus waiting on the backend).",
+                                      ["gen_ai_operation_name"], buckets=OVERHEAD_BUCKETS, registry=self.registry)
 
     def observe(self, record: RequestRecord) -> None:
         """A finished decision or chat request (the HTTP counters are the middleware's)."""
         if record.model is None or record.status == 0:
             return
         provider = record.provider or "none"
-        self._child(self.operation_duration, (record.operation, provider, record.model,
-                                              record.error_type or "")).observe(record.seconds)
+        self.operation_duration.labels(record.operation, provider, record.model,
+                                       record.error_type or "").observe(record.seconds)
         if record.backend_seconds:
-            self._child(self.overhead, (record.operation,)).observe(record.overhead_seconds)
+            self.overhead.labels(record.operation).observe(record.overhead_seconds)
         if record.status != 200 or record.input_tokens is None or record.forwarded:
             return
         extra = (record.project or "",) if self._project_label else ()
-        self._child(self.token_usage, (record.operation, provider, "input", record.model, *extra)).observe(
+        self.token_usage.labels(record.operation, provider, "input", record.model, *extra).observe(
             record.input_tokens)
         if record.output_tokens is not None:
-            self._child(self.token_usage, (record.operation, provider, "output", record.model, *extra)).observe(
+            self.token_usage.labels(record.operation, provider, "output", record.model, *extra).observe(
                 record.output_tokens)
 
-    def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
-        """``metric.labels(*labels)``, looked up once per label set (labels() takes a lock and
-        builds its key on every call; a decision observes four series)."""
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = metric.labels(*labels)
-            if len(self._children) < 10_000:  # label values are bounded upstream; the cache is too
-                self._children[key] = child
-        return child

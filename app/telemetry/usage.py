@@ -121,8 +121,8 @@ class UsageLedger:
 
 
 def _sqlite_text(at: dt.datetime) -> str:
-    return (f"{at.year:04d}-{at.month:02d}-{at.day:02d} {at.hour:02d}:{at.minute:02d}:{at.second:02d}."
-            f"{at.microsecond:06d}")
+    """SQLAlchemy's SQLite text for a datetime, "2001-02-03 04:05:06.000007" (the zone left off)."""
+    return at.isoformat(" ", "microseconds")[:26]
 
 
 def summary(session: Session, *, project: str | None = None, since: dt.date | None = None,
