@@ -468,6 +468,31 @@ def run_cell(cluster: Cluster, target: str, concurrency: int, requests: int,
     return result
 
 
+def measure(cluster: Cluster, args: argparse.Namespace, target: str, concurrency: int, round_: int,
+            warmup: int) -> dict[str, Any]:
+    """One cell, rerun (up to --retries times) when the rest of the machine was busy meanwhile."""
+    n = requests_for(args, concurrency)
+    print(f"  {target:<8} concurrency {concurrency:>3}" + (f" round {round_}" if args.rounds > 1 else "")
+          + f": {n} requests ...", end="", flush=True)
+    discarded: list[float] = []
+    while True:
+        waited, quiet = wait_quiet(cluster, args.idle_wait)
+        if waited >= 3:
+            print(f" [waited {waited:.0f}s for a quiet machine"
+                  f"{'' if quiet else ', in vain'}]", end="", flush=True)
+        cell = run_cell(cluster, target, concurrency, n, warmup)
+        busy = cell["other_cpu_utilization"] > BUSY_CELL_UTIL and cell["wall_s"] >= 1.0
+        if not busy or len(discarded) >= args.retries:
+            break
+        discarded.append(cell["other_cpu_utilization"])
+        print(f" [others used {discarded[-1] * 100:.0f}% of a core: again]", end="", flush=True)
+    cell["discarded_attempts_other_util"] = discarded
+    cell["round"] = round_
+    print(f" {cell['throughput_rps']:.0f} req/s, p50 "
+          f"{cell['latency_ms']['p50']:.3f} ms, {cell['errors']} errors", flush=True)
+    return cell
+
+
 # -- soak -----------------------------------------------------------------------------
 
 def run_soak(cluster: Cluster, requests: int, warmup: int, interval: float) -> dict[str, Any]:
@@ -537,16 +562,24 @@ CELL_COLUMNS = [
 ]
 
 
+def _floor(cells: list[dict[str, Any]], cell: dict[str, Any]) -> dict[str, Any] | None:
+    """The direct cell a cell is compared with: same concurrency, same round (else the first)."""
+    if cell["target"] == "direct":
+        return None
+    same = [c for c in cells if c["target"] == "direct" and c["concurrency"] == cell["concurrency"]]
+    return next((c for c in same if c.get("round") == cell.get("round")), same[0] if same else None)
+
+
 def format_cells(cells: list[dict[str, Any]]) -> str:
-    direct = {c["concurrency"]: c for c in cells if c["target"] == "direct"}
     rows = []
     for c in cells:
         lat = c["latency_ms"]
-        floor = direct.get(c["concurrency"]) if c["target"] != "direct" else None
+        floor = _floor(cells, c)
         added = [f"{lat[q] - floor['latency_ms'][q]:.3f}" if floor else "-" for q in ("p50", "p99")]
         cpu = c["server_cpu_ms_per_request"]
         rows.append([
-            c["target"], str(c["concurrency"]), str(c["requests"]), str(c["errors"]),
+            c["target"] + (f" r{c['round']}" if "round" in c else ""), str(c["concurrency"]), str(c["requests"]),
+            str(c["errors"]),
             f"{c['throughput_rps']:.0f}", f"{lat['p50']:.3f}", f"{lat['p99']:.3f}", *added,
             f"{cpu[c['target']]:.3f}" if c["target"] in GATEWAYS else "-",
             f"{cpu['emulator']:.3f}",
@@ -559,32 +592,42 @@ def format_cells(cells: list[dict[str, Any]]) -> str:
 
 
 def summarize(cells: list[dict[str, Any]], concurrencies: list[int]) -> list[dict[str, Any]]:
-    """One row per target: throughput and CPU at the highest concurrency, added latency at each."""
+    """One row per target: throughput and CPU at the highest concurrency, added latency at each.
+
+    With several rounds, each figure is the median over the rounds, and a share of direct or an
+    added latency is taken against the direct cell of the same round (``*_rounds``: every round's)."""
     top = max(concurrencies)
-    by = {(c["target"], c["concurrency"]): c for c in cells}
     out = []
     for target in TARGETS:
-        if not any(t == target for t, _ in by):
+        mine = [c for c in cells if c["target"] == target]
+        if not mine:
             continue
-        row: dict[str, Any] = {"target": target, "workers": WORKERS.get(target)}
-        high = by.get((target, top))
-        floor_high = by.get(("direct", top))
+        row: dict[str, Any] = {"target": target, "workers": WORKERS.get(target),
+                               "errors": sum(c["errors"] for c in mine)}
+        high = [c for c in mine if c["concurrency"] == top]
         if high:
-            row["decisions_per_s"] = high["throughput_rps"]
-            row["vs_direct"] = (high["throughput_rps"] / floor_high["throughput_rps"]
-                                if floor_high else None)
-            cpu = high["server_cpu_ms_per_request"]
-            row["gateway_cpu_ms_per_decision"] = cpu[target] if target in GATEWAYS else None
-            row["backend_cpu_ms_per_decision"] = cpu["emulator"]
-            row["errors"] = sum(c["errors"] for (t, _), c in by.items() if t == target)
+            row["decisions_per_s"] = median([c["throughput_rps"] for c in high])
+            shares = [c["throughput_rps"] / floor["throughput_rps"]
+                      for c in high if (floor := _floor(cells, c) if target != "direct" else c)]
+            row["vs_direct"] = median(shares) if shares else None
+            row["vs_direct_rounds"] = shares
+            row["gateway_cpu_ms_per_decision"] = (
+                median([c["server_cpu_ms_per_request"][target] for c in high]) if target in GATEWAYS else None)
+            row["backend_cpu_ms_per_decision"] = median([c["server_cpu_ms_per_request"]["emulator"] for c in high])
         for conc in concurrencies:
-            cell, floor = by.get((target, conc)), by.get(("direct", conc))
             for q in ("p50", "p99"):
-                row[f"added_{q}_ms_c{conc}"] = (
-                    cell["latency_ms"][q] - floor["latency_ms"][q]
-                    if cell and floor and target != "direct" else None)
+                added = [c["latency_ms"][q] - floor["latency_ms"][q]
+                         for c in mine if c["concurrency"] == conc and (floor := _floor(cells, c))]
+                row[f"added_{q}_ms_c{conc}"] = median(added) if added else None
+                row[f"added_{q}_ms_c{conc}_rounds"] = added
         out.append(row)
     return out
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def format_summary(summary: list[dict[str, Any]], concurrencies: list[int]) -> str:
@@ -647,6 +690,10 @@ def parse_args() -> argparse.Namespace:
                         help="comma-separated concurrencies (default: 1,64)")
     parser.add_argument("--warmup", type=int, default=None,
                         help="untimed requests before each cell (default 500; 100 with --quick)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="run the direct and Arbiter cells this many times, interleaved, and report "
+                             "the median of the per-round figures, each against the same round's direct "
+                             "cell (default 3; LiteLLM runs in the first round only)")
     parser.add_argument("--no-litellm", action="store_true",
                         help="leave out the LiteLLM proxy (no virtualenv, no install)")
     parser.add_argument("--soak", type=int, nargs="?", const=100_000, default=None, metavar="N",
@@ -675,6 +722,8 @@ def parse_args() -> argparse.Namespace:
         parser.error("--concurrency wants integers, e.g. 1,64")
     if not args.concurrencies or min(args.concurrencies) < 1:
         parser.error("--concurrency wants positive integers")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.requests is not None and args.requests < 1:
         parser.error("--requests must be at least 1")
     if args.soak is not None and args.soak < 1:
@@ -800,29 +849,13 @@ def main() -> int:
         else:
             print(f"warm-up {warmup} requests per cell (answers checked)\n", flush=True)
             targets = [t for t in TARGETS if with_litellm or t != "litellm"]
-            for concurrency in args.concurrencies:
-                for target in targets:
-                    n = requests_for(args, concurrency)
-                    print(f"  {target:<8} concurrency {concurrency:>3}: {n} requests ...",
-                          end="", flush=True)
-                    discarded: list[float] = []
-                    while True:
-                        waited, quiet = wait_quiet(cluster, args.idle_wait)
-                        if waited >= 3:
-                            print(f" [waited {waited:.0f}s for a quiet machine"
-                                  f"{'' if quiet else ', in vain'}]", end="", flush=True)
-                        cell = run_cell(cluster, target, concurrency, n, warmup)
-                        busy = (cell["other_cpu_utilization"] > BUSY_CELL_UTIL
-                                and cell["wall_s"] >= 1.0)
-                        if not busy or len(discarded) >= args.retries:
-                            break
-                        discarded.append(cell["other_cpu_utilization"])
-                        print(f" [others used {discarded[-1] * 100:.0f}% of a core: again]",
-                              end="", flush=True)
-                    cell["discarded_attempts_other_util"] = discarded
-                    cells.append(cell)
-                    print(f" {cell['throughput_rps']:.0f} req/s, p50 "
-                          f"{cell['latency_ms']['p50']:.3f} ms, {cell['errors']} errors", flush=True)
+            meta["rounds"] = args.rounds
+            plan = [(concurrency, round_, target) for concurrency in args.concurrencies
+                    for round_ in range(1, args.rounds + 1) for target in targets
+                    if target != "litellm" or round_ == 1]  # LiteLLM: ~30x slower, one round
+            for concurrency, round_, target in plan:
+                cell = measure(cluster, args, target, concurrency, round_, warmup)
+                cells.append(cell)
     except KeyboardInterrupt:
         failed = True
         print("\ninterrupted; stopping the servers", file=sys.stderr)
@@ -875,6 +908,16 @@ def main() -> int:
         print(f"\nSide by side (workers: arbiter {WORKERS['arbiter']}"
               + (f", litellm {WORKERS['litellm']}" if with_litellm else "") + "):\n")
         print(format_summary(summary, args.concurrencies))
+        if args.rounds > 1:
+            print(f"\n{args.rounds} rounds, interleaved; the table shows their medians. Every round:")
+            for row in summary:
+                if row["target"] not in GATEWAYS or row["target"] == "litellm":
+                    continue
+                parts = [f"+p50 @{conc}: " + ", ".join(f"{v:.3f}" for v in row[f"added_p50_ms_c{conc}_rounds"])
+                         for conc in args.concurrencies]
+                parts.append("of direct @" + str(max(args.concurrencies)) + ": "
+                             + ", ".join(f"{v * 100:.1f}%" for v in row.get("vs_direct_rounds", [])))
+                print(f"  {row['target']}: " + "; ".join(parts))
         errors = sum(c["errors"] for c in cells)
         if errors:
             print(f"\nWARNING: {errors} non-200 responses or failures: "
