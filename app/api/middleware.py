@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
@@ -27,7 +28,11 @@ class RequestMiddleware:
         self.app = app
         self.metrics = metrics
         self.lean_paths = lean_paths
-        self._gauges = {path: metrics.in_flight.labels(path) for path in (*lean_paths, "api")}
+        # Requests in flight per route: plain counts, read by the gauge when /metrics is scraped
+        # (a Gauge's inc and dec take a lock each).
+        self._in_flight = dict.fromkeys((*lean_paths, "api"), 0)
+        for path in self._in_flight:
+            metrics.in_flight.labels(path).set_function(functools.partial(self._in_flight.__getitem__, path))
         self._counters: dict[tuple[str, str, int], Any] = {}
         # Request ids need to be unique and unguessable from each other, not secret. os.urandom
         # releases the GIL for its system call, which lets a background thread (the usage
@@ -45,12 +50,12 @@ class RequestMiddleware:
                 request_id = value.decode()
                 break
         if request_id is None:
-            request_id = "%032x" % self._ids.getrandbits(128)
+            request_id = f"{self._ids.getrandbits(128):032x}"
         scope.setdefault("state", {})["request_id"] = request_id
         header = (b"x-request-id", request_id.encode())
         path = scope["path"]
         lean = path if path in self.lean_paths else None
-        gauge = self._gauges[lean or "api"]
+        gauge = lean or "api"
         status = 500
 
         async def send_with_id(message: Message) -> None:
@@ -60,11 +65,11 @@ class RequestMiddleware:
                 message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
-        gauge.inc()
+        self._in_flight[gauge] += 1
         try:
             await self.app(scope, receive, send_with_id)
         finally:
-            gauge.dec()
+            self._in_flight[gauge] -= 1
             route = lean or getattr(scope.get("route"), "path", None) or "unmatched"
             key = (route, scope["method"], status)
             counter = self._counters.get(key)
