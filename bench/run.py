@@ -415,14 +415,18 @@ def send_go(proc: subprocess.Popen[bytes]) -> None:
     proc.stdin.flush()
 
 
+def stop_loadgen(cluster: Cluster, proc: subprocess.Popen[bytes]) -> None:
+    cluster.procs.pop("loadgen", None)
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def finish_loadgen(cluster: Cluster, proc: subprocess.Popen[bytes], line: bytes) -> dict[str, Any]:
     try:
         proc.wait(timeout=30)
     finally:
-        cluster.procs.pop("loadgen", None)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop_loadgen(cluster, proc)
     if not line.strip():
         raise RuntimeError(f"load generator exited with {proc.returncode} and no result")
     result: dict[str, Any] = json.loads(line)
@@ -448,10 +452,7 @@ def run_cell(cluster: Cluster, target: str, concurrency: int, requests: int,
         rss = {name: tree_rss_mb(pid) for name, pid in servers.items()}
         result = finish_loadgen(cluster, proc, line)
     finally:
-        cluster.procs.pop("loadgen", None)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop_loadgen(cluster, proc)
     result["target"] = target
     result["server_cpu_s"] = {name: (after[name] - before[name]) / CLK_TCK for name in servers}
     result["server_cpu_ms_per_request"] = {
@@ -520,10 +521,7 @@ def run_soak(cluster: Cluster, requests: int, warmup: int, interval: float) -> d
         samples.append((time.monotonic() - t0, rss_mb(pid)))
         result = finish_loadgen(cluster, proc, line)
     finally:
-        cluster.procs.pop("loadgen", None)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop_loadgen(cluster, proc)
     start, end = samples[0][1], samples[-1][1]
     peak = max(rss for _, rss in samples)
     result.update({

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -59,26 +60,43 @@ class _NoSeries:
 _NO_SERIES = _NoSeries()
 
 
-class LoopHistogram(Collector):
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float],
+class _LoopFamily(Collector):
+    """A metric's series by label values, each made on first use."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
                  registry: CollectorRegistry) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self._bounds = tuple(float(b) for b in buckets)
-        self._les = [floatToGoString(b) for b in self._bounds] + ["+Inf"]
-        self._series: dict[tuple[str, ...], HistogramSeries] = {}
+        self._series: dict[tuple[str, ...], Any] = {}
         registry.register(self)
 
-    def labels(self, *values: str) -> HistogramSeries:
+    def _new_series(self) -> Any:
+        raise NotImplementedError
+
+    def _labels(self, values: tuple[str, ...]) -> Any:
         series = self._series.get(values)
         if series is None:
             if len(values) != len(self.labelnames):
                 raise ValueError(f"{self.name} takes {len(self.labelnames)} label values")
             if len(self._series) >= MAX_SERIES:
-                return _NO_SERIES  # type: ignore[return-value]
-            series = self._series[values] = HistogramSeries(self._bounds)
+                return _NO_SERIES
+            series = self._series[values] = self._new_series()
         return series
+
+
+class LoopHistogram(_LoopFamily):
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float],
+                 registry: CollectorRegistry) -> None:
+        self._bounds = tuple(float(b) for b in buckets)
+        self._les = [floatToGoString(b) for b in self._bounds] + ["+Inf"]
+        super().__init__(name, documentation, labelnames, registry)
+
+    def _new_series(self) -> HistogramSeries:
+        return HistogramSeries(self._bounds)
+
+    def labels(self, *values: str) -> HistogramSeries:
+        return self._labels(values)  # type: ignore[no-any-return]
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
@@ -94,24 +112,12 @@ class LoopHistogram(Collector):
         yield HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
 
-class LoopCounter(Collector):
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
-                 registry: CollectorRegistry) -> None:
-        self.name = name
-        self.documentation = documentation
-        self.labelnames = tuple(labelnames)
-        self._series: dict[tuple[str, ...], CounterSeries] = {}
-        registry.register(self)
+class LoopCounter(_LoopFamily):
+    def _new_series(self) -> CounterSeries:
+        return CounterSeries()
 
     def labels(self, *values: str) -> CounterSeries:
-        series = self._series.get(values)
-        if series is None:
-            if len(values) != len(self.labelnames):
-                raise ValueError(f"{self.name} takes {len(self.labelnames)} label values")
-            if len(self._series) >= MAX_SERIES:
-                return _NO_SERIES  # type: ignore[return-value]
-            series = self._series[values] = CounterSeries()
-        return series
+        return self._labels(values)  # type: ignore[no-any-return]
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
