@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.db.models import AuditEntry
+from app.db.timestamps import iso
 
 
 def record(session: Session, *, actor: str, action: str, target: str,
@@ -23,11 +23,7 @@ def entries(session: Session, *, limit: int = 100, before_id: int | None = None)
     if before_id is not None:
         query = query.where(AuditEntry.id < before_id)
     return [
-        {"id": e.id, "at": _utc(e.at).isoformat(), "actor": e.actor, "action": e.action,
+        {"id": e.id, "at": iso(e.at), "actor": e.actor, "action": e.action,
          "target": e.target, "request_id": e.request_id, "details": e.details}
         for e in session.scalars(query)
     ]
-
-
-def _utc(value: dt.datetime) -> dt.datetime:
-    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)  # SQLite drops the zone

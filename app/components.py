@@ -154,10 +154,7 @@ class Components:
 
     async def in_session(self, work: Callable[[Session], T]) -> T:
         """Run ``work(session)`` in a worker thread, in one transaction."""
-        def run() -> T:
-            with self.database.session() as session:
-                return work(session)
-        return await asyncio.to_thread(run)
+        return await self.database.in_session(work)
 
 
 def _redis_client(settings: Settings) -> Any:

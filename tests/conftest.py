@@ -101,3 +101,15 @@ def stack(db: Database, ollama: tuple[EmulatorServer, OllamaState],
     built.gateway = gateway_factory()
     built.ollama, built.ollama_state = server, state
     return built
+
+
+@pytest.fixture
+def vllm_stack(db: Database, vllm: tuple[EmulatorServer, VllmState],
+               gateway_factory: Callable[..., Gateway]) -> Stack:
+    """Arbiter in front of an emulated vLLM (``extra["server"]``, ``extra["state"]``), with a
+    project 'acme' (all models) and its key."""
+    server, state = vllm
+    built = Stack.provision(db, vllm_url=server.url)
+    built.gateway = gateway_factory()
+    built.extra.update(server=server, state=state)
+    return built

@@ -45,6 +45,19 @@ def assert_error(response: httpx.Response, status: int, error_type: str | None =
     return body
 
 
+def body(response: httpx.Response, status: int) -> Any:
+    """The JSON of ``response``, once it is checked to have ``status``."""
+    assert response.status_code == status, (response.status_code, response.text)
+    return response.json()
+
+
+def closed_port() -> int:
+    """A loopback port that nothing listens on (a backend that is away)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 class Gateway:
     """Arbiter served by uvicorn in a daemon thread, on a free loopback port."""
 
@@ -141,6 +154,18 @@ def decision(model: str = "nimble", **extra: Any) -> dict[str, Any]:
     }
     body.update(extra)
     return body
+
+
+def decide(stack: Stack, model: str) -> httpx.Response:
+    """POST a System One decision for ``model`` with the stack's project key."""
+    with stack.client() as client:
+        return client.post("/v1/systemone", json=decision(model))
+
+
+def public_models(stack: Stack) -> list[str]:
+    """The model ids that GET /v1/models lists for the stack's project key."""
+    with stack.client() as client:
+        return [m["id"] for m in body(client.get("/v1/models"), 200)["data"]]
 
 
 def wait_for(check: Any, timeout: float = 10.0, interval: float = 0.05) -> Any:

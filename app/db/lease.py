@@ -12,6 +12,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.db.models import Lease, utcnow
 from app.db.session import Database
+from app.db.timestamps import as_utc
 
 HOLDER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -25,7 +26,7 @@ def try_hold(database: Database, name: str, seconds: float, holder: str = HOLDER
             if lease is None:
                 session.add(Lease(name=name, holder=holder, expires_at=now + dt.timedelta(seconds=seconds)))
                 return True
-            expires = lease.expires_at if lease.expires_at.tzinfo else lease.expires_at.replace(tzinfo=dt.UTC)
+            expires = as_utc(lease.expires_at)
             if lease.holder != holder and expires > now:
                 return False
             lease.holder, lease.expires_at = holder, now + dt.timedelta(seconds=seconds)

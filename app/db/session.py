@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.settings import sqlalchemy_url
+
+T = TypeVar("T")
 
 
 class Database:
@@ -26,6 +29,13 @@ class Database:
         """A session in a transaction: committed on success, rolled back on error."""
         with self._sessions.begin() as session:
             yield session
+
+    async def in_session(self, work: Callable[[Session], T]) -> T:
+        """Run ``work(session)`` in a worker thread, in one transaction."""
+        def run() -> T:
+            with self.session() as session:
+                return work(session)
+        return await asyncio.to_thread(run)
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from app import audit
 from app.db.models import Model, ModelInstall, Service, utcnow
 from app.db.session import Database
+from app.db.timestamps import iso
 from app.errors import Conflict, InvalidRequest, NotFound
 from app.services import catalog, versions
 from app.services import service as services
@@ -111,16 +112,12 @@ def install_view(install: ModelInstall, service_name: str | None = None) -> dict
     return {"id": install.id, "service": service_name or install.service_id, "model": install.backend_name,
             "public_name": install.public_name, "capabilities": install.capabilities,
             "status": install.status, "stage": install.stage, "percent": round(install.percent, 1),
-            "error": install.error, "started_at": _iso(install.started_at),
-            "finished_at": _iso(install.finished_at)}
+            "error": install.error, "started_at": iso(install.started_at),
+            "finished_at": iso(install.finished_at)}
 
 
 def _find_job(session: Session, install_id: int) -> ModelInstall | None:
     return session.get(ModelInstall, install_id) if 0 < install_id <= services.MAX_ROW_ID else None
-
-
-def _iso(value: Any) -> str | None:
-    return services._iso(value)
 
 
 class Installer:
@@ -154,16 +151,12 @@ class Installer:
             session.flush()
             return 202, install_view(job, service.name)
 
-        status, view = await asyncio.to_thread(self._in_session, work)
+        status, view = await self._database.in_session(work)
         if status == 202:
             self._tasks[view["id"]] = asyncio.create_task(self._run(view["id"]))
         else:
             await self._on_change()
         return status, view
-
-    def _in_session(self, work: Callable[[Session], Any]) -> Any:
-        with self._database.session() as session:
-            return work(session)
 
     async def _run(self, install_id: int) -> None:
         try:
@@ -183,7 +176,7 @@ class Installer:
             job = session.get_one(ModelInstall, install_id)
             return job, session.get_one(Service, job.service_id)
 
-        job, service = await asyncio.to_thread(self._in_session, load)
+        job, service = await self._database.in_session(load)
         backend = backend_for(service, self._settings)
         if not isinstance(backend, OllamaBackend):
             raise BackendError(f"service '{service.name}' cannot pull models")
@@ -237,7 +230,7 @@ class Installer:
                          target=f"install:{install_id}:{job.backend_name}", request_id=actor.request_id)
             return install_view(job)
 
-        view = await asyncio.to_thread(self._in_session, work)
+        view = await self._database.in_session(work)
         task = self._tasks.get(install_id)
         if task is not None:
             task.cancel()
@@ -252,14 +245,14 @@ class Installer:
                 raise NotFound(f"install {install_id} does not exist")
             service = session.get(Service, job.service_id)
             return install_view(job, service.name if service else None)
-        return await asyncio.to_thread(self._in_session, work)  # type: ignore[no-any-return]
+        return await self._database.in_session(work)
 
     async def recent(self, limit: int = 50) -> list[dict[str, Any]]:
         def work(session: Session) -> list[dict[str, Any]]:
             rows = session.execute(select(ModelInstall, Service.name).join(Service)
                                    .order_by(ModelInstall.id.desc()).limit(limit))
             return [install_view(job, name) for job, name in rows]
-        return await asyncio.to_thread(self._in_session, work)  # type: ignore[no-any-return]
+        return await self._database.in_session(work)
 
     async def uninstall(self, service_name: str, backend_name: str, actor: Actor) -> None:
         def work(session: Session) -> None:
@@ -282,7 +275,7 @@ class Installer:
                          target=f"model:{service.name}/{row.backend_name}", request_id=actor.request_id)
             session.delete(row)
 
-        await asyncio.to_thread(self._in_session, work)
+        await self._database.in_session(work)
         await self._on_change()
 
     async def aclose(self) -> None:

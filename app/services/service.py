@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from typing import Any
 from urllib.parse import urlsplit
@@ -12,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from app import audit
 from app.db.models import Model, Service
+from app.db.timestamps import iso
 from app.errors import Conflict, InvalidRequest, NotFound
 from app.services import catalog, sync, versions
 from app.services.backends import LABELS_ONLY_TYPES, SERVICE_TYPES
@@ -163,15 +163,9 @@ def service_view(service: Service) -> dict[str, Any]:
         "reachable": service.reachable,
         "decisions_supported": not sync.gated(service),
         "decisions_message": versions.gate_message(sync.effective_version(service)) if sync.gated(service) else None,
-        "last_sync_at": _iso(service.last_sync_at),
+        "last_sync_at": iso(service.last_sync_at),
         "last_error": service.last_error, "skipped_models": service.skipped_models,
     }
-
-
-def _iso(value: dt.datetime | None) -> str | None:
-    if value is not None and value.tzinfo is None:
-        value = value.replace(tzinfo=dt.UTC)  # SQLite drops the zone; Arbiter stores UTC
-    return value.isoformat() if value else None
 
 
 READ_STRATEGIES = ("labels",)

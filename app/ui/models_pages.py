@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
 from app.api.admin.schemas import ModelInstallRequest, ModelUpdate
-from app.errors import ArbiterError, InvalidRequest, NotFound
+from app.errors import ArbiterError, InvalidRequest
 from app.services import catalog
 from app.services import service as services
 from app.ui.web import (
@@ -18,8 +18,10 @@ from app.ui.web import (
     Admin,
     Form,
     UiRoute,
+    by_id,
     components,
     decimal,
+    drop_blank,
     message,
     posted,
     redirect,
@@ -128,14 +130,12 @@ def _install_body(form: Form, custom: bool) -> ModelInstallRequest:
         fields["capabilities"] = form.getlist("capabilities")
         if not fields["capabilities"]:
             raise InvalidRequest("Tick at least one capability of the custom model (a decision model: decision).")
-    return validated(ModelInstallRequest, {k: v for k, v in fields.items() if v is not None})
+    return validated(ModelInstallRequest, drop_blank(fields))
 
 
 def _service_name(s: Session, service_id: int) -> str:
-    found = next((x for x in services.list_services(s) if x.id == service_id), None)
-    if found is None:
-        raise NotFound("That service does not exist any more; reload the page")
-    return found.name
+    gone = "That service does not exist any more; reload the page"
+    return by_id(services.list_services(s), service_id, gone).name
 
 
 def _int(raw: str, problem: str) -> int:

@@ -9,7 +9,8 @@ from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
 from app.api.admin.schemas import KeyCreate, ProjectCreate, ProjectUpdate
-from app.errors import InvalidRequest, NotFound
+from app.db.models import Project
+from app.errors import InvalidRequest
 from app.services import service as services
 from app.tenancy import service as tenancy
 from app.ui.web import (
@@ -17,6 +18,7 @@ from app.ui.web import (
     Admin,
     Form,
     UiRoute,
+    by_id,
     components,
     message,
     posted,
@@ -33,11 +35,8 @@ NOTICES = {"created": "Project created.", "models": "Allowlist saved.", "limits"
            "unarchived": "Project unarchived.", "revoked": "Key revoked: requests with it now get 401."}
 
 
-def _project(s: Session, project_id: int) -> Any:
-    found = next((p for p in tenancy.list_projects(s) if p.id == project_id), None)
-    if found is None:
-        raise NotFound(f"project {project_id} does not exist")
-    return found
+def _project(s: Session, project_id: int) -> Project:
+    return by_id(tenancy.list_projects(s), project_id, f"project {project_id} does not exist")
 
 
 def _model_names(s: Session) -> list[str]:

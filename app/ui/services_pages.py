@@ -10,7 +10,8 @@ from sqlalchemy.orm import Session
 
 from app.api.admin.schemas import ServiceCreate, ServiceUpdate
 from app.api.admin.services import with_backoffs
-from app.errors import InvalidRequest, NotFound
+from app.db.models import Service
+from app.errors import InvalidRequest
 from app.services import service as services
 from app.services import sync
 from app.services.backends import SERVICE_TYPES
@@ -19,8 +20,10 @@ from app.ui.web import (
     Admin,
     Form,
     UiRoute,
+    by_id,
     components,
     decimal,
+    drop_blank,
     message,
     posted,
     redirect,
@@ -35,11 +38,8 @@ NOTICES = {"added": "Service added; its version and models were read.", "removed
            "changed": "Service changed.", "refreshed": "Version and models read again."}
 
 
-def _service(s: Session, service_id: int) -> Any:
-    found = next((x for x in services.list_services(s) if x.id == service_id), None)
-    if found is None:
-        raise NotFound(f"service {service_id} does not exist")
-    return found
+def _service(s: Session, service_id: int) -> Service:
+    return by_id(services.list_services(s), service_id, f"service {service_id} does not exist")
 
 
 async def _list(request: Request, admin: Admin, *, status: int = 200, error: str | None = None,
@@ -61,7 +61,7 @@ async def add(request: Request) -> Response:
     form = await posted(request, admin)
     c = components(request)
     try:
-        body = validated(ServiceCreate, _drop_blank({
+        body = validated(ServiceCreate, drop_blank({
             "type": form.get("type"), "url": form.get("url") or None, "name": form.get("name") or None,
             "api_key": form.get("api_key") or None, "text_limit": whole(form, "text_limit", "Text limit"),
             "timeout": decimal(form, "timeout", "Timeout"),
@@ -149,13 +149,8 @@ async def remove(request: Request, service_id: int) -> Response:
 
 
 def _changes(form: Form) -> dict[str, Any]:
-    return _drop_blank({
+    return drop_blank({
         "url": form.get("url") or None, "api_key": form.get("api_key") or None,
         "text_limit": whole(form, "text_limit", "Text limit"), "timeout": decimal(form, "timeout", "Timeout"),
         "context_length": whole(form, "context_length", "Context length"),
         "version_override": form.get("version_override") or None})
-
-
-def _drop_blank(fields: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in fields.items() if v is not None}
-

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qsl
 
 from fastapi import Request, Response
@@ -24,13 +24,15 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 
 from app.components import Components
-from app.errors import ArbiterError, InvalidRequest, TooLarge
+from app.errors import ArbiterError, InvalidRequest, NotFound, TooLarge
 from app.tenancy import service as tenancy
 from app.tenancy.service import Actor
 from app.ui.session import COOKIE, COOKIE_PATH, CSRF_FIELD, CSRF_HEADER, SessionSigner, UiSession
 
 log = logging.getLogger("arbiter.ui")
 M = TypeVar("M", bound=BaseModel)
+N = TypeVar("N", int, float)
+R = TypeVar("R", bound="Row")
 # Failures of a change that are shown next to its form: bad input, a backend away, a lost race.
 FORM_ERRORS = (ArbiterError, IntegrityError, DataError)
 HERE = Path(__file__).resolve().parent
@@ -163,23 +165,42 @@ def validated(schema: type[M], data: dict[str, Any]) -> M:
 
 def whole(form: Form, name: str, label: str) -> int | None:
     """An optional whole-number field: None when blank."""
-    raw = form.get(name)
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidRequest(f"{label} must be a whole number, not {raw[:40]!r}") from None
+    return _number(form, name, label, int, "a whole number")
 
 
 def decimal(form: Form, name: str, label: str) -> float | None:
+    """An optional number field: None when blank."""
+    return _number(form, name, label, float, "a number")
+
+
+def _number(form: Form, name: str, label: str, kind: type[N], what: str) -> N | None:
     raw = form.get(name)
     if not raw:
         return None
     try:
-        return float(raw)
+        return kind(raw)
     except ValueError:
-        raise InvalidRequest(f"{label} must be a number, not {raw[:40]!r}") from None
+        raise InvalidRequest(f"{label} must be {what}, not {raw[:40]!r}") from None
+
+
+def drop_blank(fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields that were filled in: a blank one (None) is left out of a schema's input."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+class Row(Protocol):
+    """A database row as the pages see it: something with an id."""
+
+    @property
+    def id(self) -> int: ...
+
+
+def by_id(rows: Iterable[R], row_id: int, missing: str) -> R:
+    """The row with id ``row_id`` (an id from a page's URL or form); NotFound(missing) if it is gone."""
+    found = next((row for row in rows if row.id == row_id), None)
+    if found is None:
+        raise NotFound(missing)
+    return found
 
 
 def check_csrf_header(request: Request, admin: Admin) -> None:

@@ -40,6 +40,7 @@ from .ollama_validation import (
     go_type,
     text_size,
 )
+from .openai_compat import Problem
 from .recording import (
     CLIENT_MAX_SIZE,
     bearer_token,
@@ -224,27 +225,34 @@ async def handle_tags(request: web.Request) -> web.Response:
     return json_response({"models": [tag_entry(name) for name in list(state.models)]})
 
 
-async def handle_show(request: web.Request) -> web.Response:
-    state = request.app[STATE_KEY]
+async def _named_model(request: web.Request, state: OllamaState) -> str:
+    """The key of the installed model that `/api/show` or `/api/delete` names ("model", or
+    the older "name"); a Problem worded as Ollama's otherwise."""
     payload = await _payload(request)
     name = payload.get("model") or payload.get("name")
     if not isinstance(name, str) or not name:
-        return error(400, "model is required")
+        raise Problem("model is required")
     key = state.find_model(name)
     if key is None:
-        return error(404, f"model '{name}' not found")
+        raise Problem(f"model '{name}' not found", 404)
+    return key
+
+
+async def handle_show(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    try:
+        key = await _named_model(request, state)
+    except Problem as exc:
+        return error(exc.status, exc.message)
     return json_response(show_body(key, state.models[key]))
 
 
 async def handle_delete(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
-    payload = await _payload(request)
-    name = payload.get("model") or payload.get("name")
-    if not isinstance(name, str) or not name:
-        return error(400, "model is required")
-    key = state.find_model(name)
-    if key is None:
-        return error(404, f"model '{name}' not found")
+    try:
+        key = await _named_model(request, state)
+    except Problem as exc:
+        return error(exc.status, exc.message)
     del state.models[key]
     return web.Response(status=200)
 

@@ -25,11 +25,9 @@ from .logprobs_chat import logprobs_body, wants_logprobs
 from .ollama_state import STATE_KEY, OllamaState, error
 from .ollama_validation import bad_keep_alive, go_type
 from .openai_compat import (
-    SSE_CONTENT_TYPE,
     Problem,
     chat_request,
-    completion_body,
-    completion_events,
+    completion_reply,
     embeddings_body,
     embeddings_request,
     ollama_openai_error,
@@ -185,14 +183,8 @@ async def openai_chat(request: web.Request, state: OllamaState) -> web.StreamRes
         return ollama_openai_error(exc.message, exc.status)
     if answer is not None:
         return json_response(answer)
-    if not chat_req.stream:
-        return json_response(completion_body("ollama", model, chat_req))
-    return await stream_events(
-        request,
-        completion_events("ollama", model, chat_req),
-        content_type=SSE_CONTENT_TYPE["ollama"],
-        delay=state.stream_delay,
-        faults=state.faults,
+    return await completion_reply(
+        request, "ollama", model, chat_req, delay=state.stream_delay, faults=state.faults
     )
 
 

@@ -2,8 +2,8 @@
 
 Both backends speak `/v1/chat/completions` and `/v1/embeddings`; they differ in
 small ways that clients notice: ids, `system_fingerprint`, extra fields, the
-first streamed chunk (vLLM sends the role alone), the SSE Content-Type and the
-error shape. `flavor` is "ollama" or "vllm".
+first streamed chunk (vLLM sends the role alone), the JSON and SSE Content-Types
+and the error shape. `flavor` is "ollama" or "vllm".
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from aiohttp import web
+
 from .answers import count_tokens
+from .faults import Faults
 from .generation import (
     embedding_base64,
     embedding_inputs,
@@ -23,12 +26,16 @@ from .generation import (
     reply_pieces,
 )
 from .recording import is_missing, json_response, parse_json
-from .streaming import SSE_DONE, sse_event
+from .streaming import SSE_DONE, sse_event, stream_events
 
 Flavor = Literal["ollama", "vllm"]
 SSE_CONTENT_TYPE: dict[Flavor, str] = {
     "ollama": "text/event-stream",
     "vllm": "text/event-stream; charset=utf-8",
+}
+JSON_CONTENT_TYPE: dict[Flavor, str] = {
+    "ollama": "application/json; charset=utf-8",
+    "vllm": "application/json",
 }
 ENCODING_FORMATS = ("float", "base64")
 
@@ -168,6 +175,30 @@ def completion_events(flavor: Flavor, model: str, chat: ChatRequest) -> list[byt
         events.append(sse_event(body))
     events.append(SSE_DONE)
     return events
+
+
+async def completion_reply(
+    request: web.Request,
+    flavor: Flavor,
+    model: str,
+    chat: ChatRequest,
+    *,
+    delay: float,
+    faults: Faults | None,
+) -> web.StreamResponse:
+    """The answer to a checked chat request: one `chat.completion` body, or SSE events
+    `delay` seconds apart when it asked for a stream."""
+    if not chat.stream:
+        return json_response(
+            completion_body(flavor, model, chat), content_type=JSON_CONTENT_TYPE[flavor]
+        )
+    return await stream_events(
+        request,
+        completion_events(flavor, model, chat),
+        content_type=SSE_CONTENT_TYPE[flavor],
+        delay=delay,
+        faults=faults,
+    )
 
 
 @dataclass

@@ -16,17 +16,14 @@ from .faults import faulty_route
 from .generation import prompt_tokens
 from .logprobs_chat import logprobs_body, tokenize, wants_logprobs
 from .openai_compat import (
-    SSE_CONTENT_TYPE,
     Problem,
     chat_request,
-    completion_body,
-    completion_events,
+    completion_reply,
     embeddings_body,
     embeddings_request,
     read_payload,
 )
 from .recording import json_response
-from .streaming import stream_events
 from .vllm_state import JSON, STATE_KEY, VllmError, VllmState
 
 UNSUPPORTED = {
@@ -69,14 +66,8 @@ async def chat(request: web.Request, state: VllmState) -> web.StreamResponse:
         return VllmError(exc.message, exc.status, param=exc.param).response()
     except VllmError as exc:
         return exc.response()
-    if not chat_req.stream:
-        return json_response(completion_body("vllm", model, chat_req), content_type=JSON)
-    return await stream_events(
-        request,
-        completion_events("vllm", model, chat_req),
-        content_type=SSE_CONTENT_TYPE["vllm"],
-        delay=state.stream_delay,
-        faults=state.faults,
+    return await completion_reply(
+        request, "vllm", model, chat_req, delay=state.stream_delay, faults=state.faults
     )
 
 

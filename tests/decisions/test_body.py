@@ -8,7 +8,7 @@ import os
 import time
 import tracemalloc
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -54,6 +54,20 @@ def read(chunks: Iterable[bytes], encoding: str, cap: int, **kwargs: Any) -> byt
 
 def zstd(data: bytes, **kwargs: Any) -> bytes:
     return zstandard.ZstdCompressor(**kwargs).compress(data)
+
+
+def refused_as_too_large(read_bomb: Callable[[], object]) -> tuple[float, int]:
+    """(seconds, peak bytes allocated) of ``read_bomb()``, which must raise TooLarge."""
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(TooLarge):
+            read_bomb()
+        elapsed = time.perf_counter() - started
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return elapsed, peak
 
 
 @pytest.fixture(scope="module")
@@ -202,15 +216,7 @@ def test_gzip_exactly_at_cap_and_one_over() -> None:
 
 def test_gzip_bomb_stops_at_the_cap_quickly(gzip_bomb: bytes) -> None:
     receive = FakeReceive(split(gzip_bomb, 64 * 1024))
-    tracemalloc.start()
-    started = time.perf_counter()
-    try:
-        with pytest.raises(TooLarge):
-            asyncio.run(read_body(receive, "gzip", MiB))
-        elapsed = time.perf_counter() - started
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    elapsed, peak = refused_as_too_large(lambda: asyncio.run(read_body(receive, "gzip", MiB)))
     assert elapsed < 2
     assert peak < 8 * MiB
     assert receive.calls <= 2  # ~1 MiB decoded comes from the first 64 KiB chunk
@@ -301,15 +307,7 @@ def test_zstd_compressed_bytes_are_capped_too() -> None:
 
 
 def test_zstd_bomb_stops_at_the_cap_quickly(zstd_bomb: bytes) -> None:
-    tracemalloc.start()
-    started = time.perf_counter()
-    try:
-        with pytest.raises(TooLarge):
-            read(split(zstd_bomb, 64 * 1024), "zstd", MiB)
-        elapsed = time.perf_counter() - started
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    elapsed, peak = refused_as_too_large(lambda: read(split(zstd_bomb, 64 * 1024), "zstd", MiB))
     assert elapsed < 2
     assert peak < 8 * MiB
 

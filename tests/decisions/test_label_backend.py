@@ -8,8 +8,6 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from app.db.session import Database
 from app.tenancy.salts import TenantSalts
 from infra_adapters.emulators.logprobs_chat import token_id
@@ -34,16 +32,6 @@ def _labels_on(stack: Stack, name: str) -> dict[str, Any]:
     return response.json()  # type: ignore[no-any-return]
 
 
-@pytest.fixture
-def vllm_stack(db: Database, vllm: tuple[EmulatorServer, VllmState],
-               gateway_factory: Callable[..., Gateway]) -> Stack:
-    server, state = vllm
-    stack = Stack.provision(db, vllm_url=server.url)
-    stack.gateway = gateway_factory()
-    stack.extra["vllm"] = state
-    return stack
-
-
 def _check_answer(answer: dict[str, Any], label_mass: float) -> None:
     assert list(answer["answers"]) == ["team", "urgent", "tone"]  # question order kept
     for qid, item in answer["answers"].items():
@@ -59,7 +47,7 @@ def _check_answer(answer: dict[str, Any], label_mass: float) -> None:
 
 
 def test_a_vllm_generation_model_answers_by_label_reading(vllm_stack: Stack) -> None:
-    state: VllmState = vllm_stack.extra["vllm"]
+    state: VllmState = vllm_stack.extra["state"]
     view = _labels_on(vllm_stack, QWEN)
     assert view["read_strategy"] == "labels" and "decision" in view["capabilities"]
     before = len(state.requests)
@@ -163,7 +151,7 @@ def test_an_openai_compatible_server_serves_decisions_and_chat(
 
 
 def test_the_backends_own_answers_to_reads_are_judged_as_any_backends(vllm_stack: Stack) -> None:
-    state: VllmState = vllm_stack.extra["vllm"]
+    state: VllmState = vllm_stack.extra["state"]
     _labels_on(vllm_stack, QWEN)
     assert vllm_stack.client().post("/v1/systemone", json=decision(QWEN)).status_code == 200  # token ids known
     # A 400 of the backend (say, a prompt over its context) passes through and takes nothing out.
@@ -184,7 +172,7 @@ def test_the_backends_own_answers_to_reads_are_judged_as_any_backends(vllm_stack
 
 
 def test_media_and_the_openai_decisions_api_on_a_label_read_model(vllm_stack: Stack) -> None:
-    state: VllmState = vllm_stack.extra["vllm"]
+    state: VllmState = vllm_stack.extra["state"]
     _labels_on(vllm_stack, QWEN)
     with_image = decision(QWEN, images=["aGVsbG8="])
     response = vllm_stack.client().post("/v1/systemone", json=with_image)

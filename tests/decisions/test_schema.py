@@ -10,27 +10,11 @@ import pytest
 from app.decisions.jsonbody import dumps, loads
 from app.decisions.schema import DecisionRequest, validate
 from app.errors import ValidationFailed
-
-
-def body(**overrides: Any) -> dict[str, Any]:
-    value: dict[str, Any] = {
-        "model": "nimble",
-        "state": {"ticket": "My card was charged twice."},
-        "questions": {
-            "team": {"type": "choice", "instructions": "Which team?",
-                     "criteria": {"billing": "payments and refunds", "shipping": None}},
-            "urgent": {"type": "noul", "instructions": "Reply within the hour?",
-                       "criteria": {"true": "money is moving"}},
-            "tone": {"type": "score", "instructions": "How upset?",
-                     "criteria": ["calm", "annoyed", "furious"]},
-        },
-    }
-    value.update(overrides)
-    return value
+from tests.support import decision
 
 
 def one(question: dict[str, Any]) -> dict[str, Any]:
-    return body(questions={"q": question})
+    return decision(questions={"q": question})
 
 
 def problems(value: Any) -> list[dict[str, Any]]:
@@ -45,7 +29,7 @@ def locs(value: Any) -> list[list[Any]]:
 
 
 def test_spec_example_is_valid() -> None:
-    result = validate(body(images=["iVBORw0KGgo="], keep_alive="5m"))
+    result = validate(decision(images=["iVBORw0KGgo="], keep_alive="5m"))
     assert result == DecisionRequest(model="nimble", media=("images",), remote_media=False)
 
 
@@ -59,11 +43,11 @@ def test_body_must_be_an_object(value: Any) -> None:
 
 @pytest.mark.parametrize("model", ["", None, 1, ["nimble"], {"name": "nimble"}, True])
 def test_model_must_be_a_non_empty_string(model: Any) -> None:
-    assert locs(body(model=model)) == [["body", "model"]]
+    assert locs(decision(model=model)) == [["body", "model"]]
 
 
 def test_model_required() -> None:
-    value = body()
+    value = decision()
     del value["model"]
     [problem] = problems(value)
     assert problem["loc"] == ["body", "model"] and problem["type"] == "missing"
@@ -74,16 +58,16 @@ def test_model_required() -> None:
 
 @pytest.mark.parametrize("state", ["text", "", {}, {"a": 1}, [], [1, "x"], None])
 def test_state_content_ok(state: Any) -> None:
-    assert validate(body(state=state)).model == "nimble"
+    assert validate(decision(state=state)).model == "nimble"
 
 
 @pytest.mark.parametrize("state", [0, 1, -1.5, True, False, orjson.Fragment(b"1.5")])
 def test_state_number_or_boolean_refused(state: Any) -> None:
-    assert locs(body(state=state)) == [["body", "state"]]
+    assert locs(decision(state=state)) == [["body", "state"]]
 
 
 def test_state_key_required() -> None:
-    value = body()
+    value = decision()
     del value["state"]
     [problem] = problems(value)
     assert problem["loc"] == ["body", "state"] and problem["type"] == "missing"
@@ -93,35 +77,35 @@ def test_state_key_required() -> None:
 
 
 def test_questions_required() -> None:
-    value = body()
+    value = decision()
     del value["questions"]
     assert locs(value) == [["body", "questions"]]
 
 
 @pytest.mark.parametrize("questions", [None, [], [{"type": "noul"}], "q", 1])
 def test_questions_must_be_an_object(questions: Any) -> None:
-    assert locs(body(questions=questions)) == [["body", "questions"]]
+    assert locs(decision(questions=questions)) == [["body", "questions"]]
 
 
 @pytest.mark.parametrize("count", [1, 64])
 def test_question_count_ok(count: int) -> None:
-    validate(body(questions={f"q{i}": {"type": "noul"} for i in range(count)}))
+    validate(decision(questions={f"q{i}": {"type": "noul"} for i in range(count)}))
 
 
 @pytest.mark.parametrize("count", [0, 65])
 def test_question_count_out_of_bounds(count: int) -> None:
-    [problem] = problems(body(questions={f"q{i}": {"type": "noul"} for i in range(count)}))
+    [problem] = problems(decision(questions={f"q{i}": {"type": "noul"} for i in range(count)}))
     assert problem["loc"] == ["body", "questions"]
     assert problem["type"] == ("too_short" if count == 0 else "too_long")
 
 
 def test_question_id_must_be_non_empty() -> None:
-    assert locs(body(questions={"": {"type": "noul"}})) == [["body", "questions", ""]]
+    assert locs(decision(questions={"": {"type": "noul"}})) == [["body", "questions", ""]]
 
 
 @pytest.mark.parametrize("question", [None, "noul", ["noul"], 1])
 def test_question_must_be_an_object(question: Any) -> None:
-    assert locs(body(questions={"q": question})) == [["body", "questions", "q"]]
+    assert locs(decision(questions={"q": question})) == [["body", "questions", "q"]]
 
 
 def test_question_type_required() -> None:
@@ -265,12 +249,12 @@ def test_score_levels_are_strings() -> None:
 @pytest.mark.parametrize("keep_alive", ["5m", "1h30m", "-1m", "0", 0, 300, -1, 1.5,
                                         orjson.Fragment(b"2.5")])
 def test_keep_alive_ok(keep_alive: Any) -> None:
-    validate(body(keep_alive=keep_alive))
+    validate(decision(keep_alive=keep_alive))
 
 
 @pytest.mark.parametrize("keep_alive", ["soon", "-1", "5", "", True, [], {}])
 def test_keep_alive_refused(keep_alive: Any) -> None:
-    [problem] = problems(body(keep_alive=keep_alive))
+    [problem] = problems(decision(keep_alive=keep_alive))
     assert problem["loc"] == ["body", "keep_alive"] and problem["type"] == "duration_parsing"
 
 
@@ -281,25 +265,25 @@ PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB"
 
 
 def test_no_media() -> None:
-    result = validate(body())
+    result = validate(decision())
     assert result.media == () and result.remote_media is False
 
 
 def test_media_present_and_non_empty() -> None:
-    result = validate(body(images=[PNG], audio=[], videos=None))
+    result = validate(decision(images=[PNG], audio=[], videos=None))
     assert result.media == ("images",) and result.remote_media is False
-    result = validate(body(videos=["data:video/mp4;base64,AAAA"], audio=["UklGRg=="], images=[PNG]))
+    result = validate(decision(videos=["data:video/mp4;base64,AAAA"], audio=["UklGRg=="], images=[PNG]))
     assert result.media == ("images", "audio", "videos")
 
 
 @pytest.mark.parametrize("url", ["http://example.com/a.png", "https://example.com/a.png"])
 def test_remote_media_flagged(url: str) -> None:
-    result = validate(body(images=[PNG, url]))
+    result = validate(decision(images=[PNG, url]))
     assert result.media == ("images",) and result.remote_media is True
 
 
 def test_media_problems_located() -> None:
-    found = problems(body(images="iVBOR", audio=[PNG, "", 3, "ftp://x/y.wav", "file:///etc/passwd"]))
+    found = problems(decision(images="iVBOR", audio=[PNG, "", 3, "ftp://x/y.wav", "file:///etc/passwd"]))
     assert [(p["loc"], p["type"]) for p in found] == [
         (["body", "images"], "list_type"),
         (["body", "audio", 1], "string_type"),

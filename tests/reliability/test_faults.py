@@ -57,6 +57,17 @@ def leaks(gateway: Gateway) -> tuple[int, int]:
     return in_gateway(gateway, count)  # type: ignore[no-any-return]
 
 
+def settled(gateway: Gateway, baseline_tasks: int) -> tuple[int, int]:
+    """``leaks()`` once connections are back and tasks are down to ``baseline_tasks``, or after 3 s.
+    A periodic flush of usage or key touches may be under way (a shielded task of its own)."""
+    deadline = time.monotonic() + 3
+    while True:
+        acquired, tasks = leaks(gateway)
+        if (acquired == 0 and tasks <= baseline_tasks) or time.monotonic() > deadline:
+            return acquired, tasks
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("fault", FAULTS)
 def test_each_fault_gets_the_right_status_in_time_and_the_next_request_is_served(faulty: Stack, fault: str) -> None:
     with faulty.client() as client:
@@ -78,12 +89,7 @@ def test_each_fault_gets_the_right_status_in_time_and_the_next_request_is_served
         time.sleep(0.05)  # the replica's back-off (10 ms here) runs out
         assert client.post("/v1/systemone", json=decision()).status_code == 200
         assert client.get("/healthz").status_code == 200
-    deadline = time.monotonic() + 3
-    while True:
-        acquired, tasks = leaks(faulty.gateway)
-        if (acquired == 0 and tasks <= baseline_tasks) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    acquired, tasks = settled(faulty.gateway, baseline_tasks)
     assert acquired == 0, f"{fault}: {acquired} backend connections still checked out"
     assert tasks <= baseline_tasks, f"{fault}: {tasks - baseline_tasks} tasks left behind"
 
@@ -100,11 +106,5 @@ def test_many_faulty_requests_in_a_row_leak_nothing(faulty: Stack) -> None:
             faulty.ollama_state.faults.reset()
         time.sleep(0.05)
         assert client.post("/v1/systemone", json=decision()).status_code == 200
-    # A periodic flush of usage or key touches may be under way (a shielded task of its own).
-    deadline = time.monotonic() + 3
-    while True:
-        acquired, tasks = leaks(faulty.gateway)
-        if (acquired == 0 and tasks <= baseline_tasks) or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    acquired, tasks = settled(faulty.gateway, baseline_tasks)
     assert acquired == 0 and tasks <= baseline_tasks

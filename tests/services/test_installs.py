@@ -12,14 +12,9 @@ import pytest
 
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app, ollama_cloud_state
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import Stack, assert_error, decision
+from tests.support import Stack, assert_error, body, decide, public_models
 
 Emulator = tuple[EmulatorServer, OllamaState]
-
-
-def body(response: httpx.Response, status: int) -> Any:
-    assert response.status_code == status, (response.status_code, response.text)
-    return response.json()
 
 
 def poll(admin: httpx.Client, install_id: int, timeout: float = 10.0) -> list[dict[str, Any]]:
@@ -38,16 +33,6 @@ def wait_for(check: Any, timeout: float = 5.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
-
-
-def decide(stack: Stack, model: str) -> httpx.Response:
-    with stack.client() as client:
-        return client.post("/v1/systemone", json=decision(model))
-
-
-def public_models(stack: Stack) -> list[str]:
-    with stack.client() as client:
-        return [m["id"] for m in body(client.get("/v1/models"), 200)["data"]]
 
 
 def service_models(admin: httpx.Client, service: str) -> dict[str, dict[str, Any]]:

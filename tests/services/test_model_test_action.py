@@ -12,14 +12,9 @@ import pytest
 from infra_adapters.emulators.generation import EMBEDDING_DIM
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import Stack, assert_error, decision
+from tests.support import Stack, assert_error, body, decision
 
 OPTIONS = {"billing", "shipping", "security"}
-
-
-def body(response: httpx.Response, status: int) -> Any:
-    assert response.status_code == status, (response.status_code, response.text)
-    return response.json()
 
 
 def card(admin: httpx.Client, public_name: str, service: str = "ollama") -> int:

@@ -13,7 +13,7 @@ import pytest
 from app.db.session import Database
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import Gateway, Stack, assert_error, decision
+from tests.support import Gateway, Stack, assert_error, body, decide
 
 VERSIONS = [("0.34.9", False), ("0.35.0", True), ("0.35.1", True), ("0.40.4", True),
             ("0.35.0-rc1", False), ("0.0.0", False), ("junk", False)]
@@ -21,11 +21,6 @@ VERSIONS = [("0.34.9", False), ("0.35.0", True), ("0.35.1", True), ("0.40.4", Tr
 
 def gate(version: str) -> str:
     return f"Decision models need Ollama 0.35.0 or newer; this Ollama is {version}."
-
-
-def body(response: httpx.Response, status: int) -> Any:
-    assert response.status_code == status, (response.status_code, response.text)
-    return response.json()
 
 
 def finished(admin: httpx.Client, install_id: int, timeout: float = 10.0) -> dict[str, Any]:
@@ -41,11 +36,6 @@ def finished(admin: httpx.Client, install_id: int, timeout: float = 10.0) -> dic
 def install(admin: httpx.Client, service: str, model: str) -> dict[str, Any]:
     started = body(admin.post(f"/admin/services/{service}/models", json={"model": model}), 202)
     return finished(admin, started["id"])
-
-
-def decide(stack: Stack, model: str) -> httpx.Response:
-    with stack.client() as client:
-        return client.post("/v1/systemone", json=decision(model))
 
 
 def names(models: list[dict[str, Any]]) -> list[str]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
-from tests.support import Stack, assert_error, decision
+from tests.support import Stack, assert_error, closed_port, decision
 
 REDIS = "redis://127.0.0.1:6379/15"
 
@@ -95,12 +94,6 @@ def test_limits_can_be_lifted_and_bad_values_are_400(stack: Stack) -> None:
         for bad in ({"requests_per_minute": 0}, {"tokens_per_minute": -5}, {"requests_per_minute": "lots"}):
             assert_error(admin.patch("/admin/projects/acme", json=bad), 400)
         assert_error(admin.patch("/admin/keys/999999", json={"requests_per_minute": 3}), 404)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_redis_unreachable_fails_closed_by_default(stack: Stack, gateway_factory: Any) -> None:

@@ -2,40 +2,16 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
-from typing import Any
 
-import httpx
 import pytest
 
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState
-from tests.support import Stack, assert_error, decision
+from tests.support import Stack, assert_error, body, closed_port, decide, public_models
 
 GATE = "Decision models need Ollama 0.35.0 or newer; this Ollama is 0.34.9."
-
-
-def body(response: httpx.Response, status: int) -> Any:
-    assert response.status_code == status, (response.status_code, response.text)
-    return response.json()
-
-
-def decide(stack: Stack, model: str) -> httpx.Response:
-    with stack.client() as client:
-        return client.post("/v1/systemone", json=decision(model))
-
-
-def public_models(stack: Stack) -> list[str]:
-    with stack.client() as client:
-        return [m["id"] for m in body(client.get("/v1/models"), 200)["data"]]
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ shape, 400 for what the admin sent (never 422), 404/409 where they belong, never
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -14,15 +13,9 @@ import pytest
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState
-from tests.support import Stack, assert_error
+from tests.support import Stack, assert_error, closed_port
 
 HUGE_ID = 10**20  # past any database integer
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def audit_count(admin: httpx.Client) -> int:

@@ -9,15 +9,10 @@ from typing import Any
 
 import httpx
 
-from tests.support import Stack, assert_error, decision
+from tests.support import Stack, assert_error, body, decision
 
 JSON = {"Content-Type": "application/json"}
 BAD_MODELS = ["some", "", [1], [""], [None], {"nimble": True}, 5, True, None]
-
-
-def body(response: httpx.Response, status: int) -> Any:
-    assert response.status_code == status, (response.status_code, response.text)
-    return response.json()
 
 
 def audit_log(stack: Stack, **params: Any) -> list[dict[str, Any]]:

@@ -17,8 +17,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from app.db.models import UsageRecord
-from infra_adapters.emulators.server import EmulatorServer
-from infra_adapters.emulators.vllm import VllmState
 from tests.api.public.openai_sdk import (
     QUESTIONS,
     QWEN,
@@ -133,15 +131,6 @@ def test_repeated_names_are_echoed_and_kept_apart(stack: Stack) -> None:
 
 
 # -- forwarded straight to vLLM --------------------------------------------------------------
-
-
-@pytest.fixture
-def vllm_stack(db: Any, vllm: tuple[EmulatorServer, VllmState], gateway_factory: Any) -> Stack:
-    server, state = vllm
-    built = Stack.provision(db, vllm_url=server.url)
-    built.gateway = gateway_factory()
-    built.extra.update(server=server, state=state)
-    return built
 
 
 def test_vllm_gets_the_request_straight(vllm_stack: Stack) -> None:

@@ -121,15 +121,6 @@ def test_request_id_is_returned(stack: Stack) -> None:
     assert chosen.headers["x-request-id"] == "abc-123"
 
 
-@pytest.fixture
-def vllm_stack(db: Any, vllm: tuple[EmulatorServer, VllmState], gateway_factory: Any) -> Stack:
-    server, state = vllm
-    built = Stack.provision(db, vllm_url=server.url)
-    built.gateway = gateway_factory()
-    built.extra.update(server=server, state=state)
-    return built
-
-
 def test_vllm_answer_keeps_its_own_fields(vllm_stack: Stack) -> None:
     with vllm_stack.client() as client:
         response = client.post("/v1/systemone", json=decision("Qwen/Qwen3-0.6B", keep_alive="5m"))
