@@ -164,11 +164,15 @@ def test_vllm_media_is_sent_as_data_urls(db: Any, gateway_factory: Any) -> None:
 
     with EmulatorServer(make_vllm_app(state)) as server:
         built = Stack.provision(db, vllm_url=server.url)
-        with db.session() as session:  # an admin marks the model as taking images
+        # An admin declares the model as taking images: a custom row, which the gateway's start-up
+        # sync of the service keeps (a synced row gets the server's capabilities back, racing the
+        # request below).
+        with db.session() as session:
             from sqlalchemy import update
 
             from app.db.models import Model
-            session.execute(update(Model).values(capabilities=["completion", "decision", "vision"]))
+            session.execute(update(Model).values(capabilities=["completion", "decision", "vision"],
+                                                 source="custom"))
         gateway = gateway_factory()
         png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
         with gateway.client(built.project_key) as client:
