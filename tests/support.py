@@ -51,6 +51,11 @@ def body(response: httpx.Response, status: int) -> Any:
     return response.json()
 
 
+def tampered(key: str) -> str:
+    """``key`` with its last character changed: always a different key."""
+    return key[:-1] + ("A" if key[-1] != "A" else "B")
+
+
 def closed_port() -> int:
     """A loopback port that nothing listens on (a backend that is away)."""
     with socket.socket() as sock:

@@ -13,7 +13,7 @@ import zstandard
 from sqlalchemy import update
 
 from app.db.models import ApiKey, Project
-from tests.support import Stack, assert_error, decision
+from tests.support import Stack, assert_error, decision, tampered
 
 
 def post(stack: Stack, body: Any, key: str | None = "project", **kwargs: Any) -> Any:
@@ -152,8 +152,8 @@ def test_a_model_without_the_decision_capability_is_400(stack: Stack) -> None:
 # -- 401 ---------------------------------------------------------------------------------
 
 def test_missing_unknown_and_malformed_keys_are_401(stack: Stack) -> None:
-    tampered = stack.project_key[:-1] + ("A" if stack.project_key[-1] != "A" else "B")
-    for key in (None, "arb_proj_unknown", tampered, "not-an-arbiter-key", "x" * 500):
+    forged = tampered(stack.project_key)
+    for key in (None, "arb_proj_unknown", forged, "not-an-arbiter-key", "x" * 500):
         response = post(stack, decision(), key=key)
         assert_error(response, 401)
         assert response.headers["www-authenticate"] == "Bearer"
