@@ -3,6 +3,7 @@ that asserts SPEC §1's error shape."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -49,6 +50,13 @@ def body(response: httpx.Response, status: int) -> Any:
     """The JSON of ``response``, once it is checked to have ``status``."""
     assert response.status_code == status, (response.status_code, response.text)
     return response.json()
+
+
+def redis_url(slot: int) -> str:
+    """Redis database ``slot`` (0-2) of this pass's own: CI runs the SQLite and the PostgreSQL
+    passes at once, and a test that empties its database must not empty the other pass's."""
+    first = 10 if os.environ.get("ARBITER_TEST_DATABASE_URL", "").startswith("postgres") else 13
+    return f"redis://127.0.0.1:6379/{first + slot}"
 
 
 def tampered(key: str) -> str:

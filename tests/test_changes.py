@@ -9,8 +9,9 @@ import redis
 import redis.asyncio
 
 from app.changes import ChangeBus
+from tests.support import redis_url
 
-REDIS = "redis://127.0.0.1:6379/13"
+REDIS = redis_url(0)
 
 
 def test_a_failing_handler_does_not_stop_the_listener() -> None:

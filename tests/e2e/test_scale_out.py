@@ -21,8 +21,9 @@ from app.db.session import Database
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
 from tests.e2e.conftest import ARBITER, environment, free_port, run, wait_ready
+from tests.support import redis_url
 
-REDIS = "redis://127.0.0.1:6379/14"
+REDIS = redis_url(1)
 BODY = {"model": "nimble", "state": "s", "questions": {"q": {"type": "noul"}}}
 
 

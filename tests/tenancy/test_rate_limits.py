@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import redis
 
-from tests.support import Stack, assert_error, closed_port, decision
+from tests.support import Stack, assert_error, closed_port, decision, redis_url
 
-REDIS = "redis://127.0.0.1:6379/15"
+REDIS = redis_url(2)
 
 
 def redis_up() -> bool:
