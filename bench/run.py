@@ -53,9 +53,10 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 DIRECT_MODEL = "nimble:latest"  # the emulator's own name for the model
 GATEWAY_MODEL = "nimble"  # its public name on Arbiter and on LiteLLM
 PROJECT = "bench"
-TARGETS = ("direct", "arbiter", "litellm")
-GATEWAYS = ("arbiter", "litellm")
-WORKERS = {"arbiter": 1, "litellm": 1}  # worker processes each gateway runs
+TARGETS = ("direct", "reference", "arbiter", "litellm")
+# "reference": bench/reference.py, a plain ASGI route forwarding through aiohttp (the issue's yardstick)
+GATEWAYS = ("reference", "arbiter", "litellm")
+WORKERS = {"reference": 1, "arbiter": 1, "litellm": 1}  # worker processes each gateway runs
 SOAK_CONCURRENCY = 32
 SOAK_TARGET_MB = 50.0
 QUIET_UTIL = 0.10  # "idle": the machine uses under 10% of a core
@@ -118,6 +119,7 @@ class Cluster:
         self.emulator_port = free_port()
         self.arbiter_port = free_port()
         self.litellm_port = free_port()
+        self.reference_port = free_port()
         self.arbiter_key = ""
         self.litellm_key = "sk-bench-" + secrets.token_hex(16)
 
@@ -154,7 +156,7 @@ class Cluster:
         return {name: p.pid for name, p in self.procs.items() if name != "loadgen"}
 
     def close(self) -> None:
-        for name in ("loadgen", "arbiter", "litellm", "emulator"):
+        for name in ("loadgen", "arbiter", "reference", "litellm", "emulator"):
             proc = self.procs.pop(name, None)
             if proc is None:
                 continue
@@ -376,6 +378,9 @@ def target_request(cluster: Cluster, target: str) -> tuple[str, bytes, list[str]
     if target == "direct":
         return (f"http://127.0.0.1:{cluster.emulator_port}/v1/systemone",
                 request_body(DIRECT_MODEL), [], DIRECT_MODEL)
+    if target == "reference":
+        return (f"http://127.0.0.1:{cluster.reference_port}/v1/systemone",
+                request_body(GATEWAY_MODEL), [], GATEWAY_MODEL)
     if target == "arbiter":
         return (f"http://127.0.0.1:{cluster.arbiter_port}/v1/systemone",
                 request_body(GATEWAY_MODEL),
@@ -622,6 +627,27 @@ def summarize(cells: list[dict[str, Any]], concurrencies: list[int]) -> list[dic
     return out
 
 
+def format_reference(summary: list[dict[str, Any]], concurrencies: list[int]) -> str:
+    """Arbiter next to the reference forwarder of the same run: what its gateway work costs
+    over the thinnest Python forwarder, on this machine."""
+    rows = {r["target"]: r for r in summary}
+    arbiter, reference = rows.get("arbiter"), rows.get("reference")
+    if not arbiter or not reference:
+        return ""
+    top = max(concurrencies)
+    parts = []
+    mine, theirs = arbiter.get("gateway_cpu_ms_per_decision"), reference.get("gateway_cpu_ms_per_decision")
+    if mine and theirs:
+        parts.append(f"CPU per decision @{top}: arbiter {mine:.3f} ms, reference {theirs:.3f} ms "
+                     f"({mine / theirs:.2f}x)")
+    for conc in concurrencies:
+        a, b = arbiter.get(f"added_p50_ms_c{conc}"), reference.get(f"added_p50_ms_c{conc}")
+        if a is not None and b is not None:
+            parts.append(f"+p50 @{conc}: arbiter {a:.3f} ms, reference {b:.3f} ms")
+    return ("Against the reference forwarder (bench/reference.py: uvicorn, a plain ASGI route, aiohttp; "
+            "nothing else):\n  " + "\n  ".join(parts))
+
+
 def median(values: list[float]) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2
@@ -694,6 +720,9 @@ def parse_args() -> argparse.Namespace:
                              "cell (default 3; LiteLLM runs in the first round only)")
     parser.add_argument("--no-litellm", action="store_true",
                         help="leave out the LiteLLM proxy (no virtualenv, no install)")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="leave out the reference forwarder (bench/reference.py: a plain ASGI route "
+                             "forwarding through aiohttp, nothing else on its path)")
     parser.add_argument("--soak", type=int, nargs="?", const=100_000, default=None, metavar="N",
                         help="instead of the table: N requests (default 100,000) through Arbiter "
                              f"at concurrency {SOAK_CONCURRENCY}, sampling its RSS")
@@ -741,6 +770,14 @@ def _interrupt(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def start_reference(cluster: Cluster) -> None:
+    cluster.start("reference", [sys.executable, str(BENCH / "reference.py"), "--port", str(cluster.reference_port),
+                                "--backend", f"http://127.0.0.1:{cluster.emulator_port}",
+                                "--public", GATEWAY_MODEL, "--backend-model", DIRECT_MODEL])
+    wait_http(cluster, f"http://127.0.0.1:{cluster.reference_port}/v1/systemone", "the reference forwarder",
+              data=request_body(GATEWAY_MODEL), headers={"Content-Type": "application/json"})
+
+
 def setup_arbiter(cluster: Cluster) -> None:
     cluster.cli("service", "add", "--type", "ollama-external", "--name", "emulated-ollama",
                 "--url", f"http://127.0.0.1:{cluster.emulator_port}")
@@ -767,6 +804,7 @@ def main() -> int:
 
     soak = args.soak is not None
     with_litellm = not args.no_litellm and not soak
+    with_reference = not args.no_reference and not soak
     litellm_version = None
     if with_litellm:
         try:
@@ -790,6 +828,7 @@ def main() -> int:
         "litellm_version": litellm_version,
         "arbiter_log_level": args.arbiter_log_level,
         "workers": {"arbiter": WORKERS["arbiter"],
+                    **({"reference": WORKERS["reference"]} if with_reference else {}),
                     **({"litellm": WORKERS["litellm"]} if with_litellm else {})},
         "quick": args.quick,
         "warmup_requests": warmup,
@@ -819,6 +858,8 @@ def main() -> int:
                                    "--port", str(cluster.emulator_port)])
         wait_http(cluster, f"http://127.0.0.1:{cluster.emulator_port}/api/version", "emulator")
         setup_arbiter(cluster)
+        if with_reference:
+            start_reference(cluster)
         procs = {"emulator": len(tree_pids(cluster.procs["emulator"].pid)),
                  "arbiter": len(tree_pids(cluster.procs["arbiter"].pid))}
         if with_litellm:
@@ -846,7 +887,7 @@ def main() -> int:
             soak_result = run_soak(cluster, args.soak, warmup, args.soak_interval)
         else:
             print(f"warm-up {warmup} requests per cell (answers checked)\n", flush=True)
-            targets = [t for t in TARGETS if with_litellm or t != "litellm"]
+            targets = [t for t in TARGETS if (with_litellm or t != "litellm") and (with_reference or t != "reference")]
             meta["rounds"] = args.rounds
             plan = [(concurrency, round_, target) for concurrency in args.concurrencies
                     for round_ in range(1, args.rounds + 1) for target in targets
@@ -860,7 +901,7 @@ def main() -> int:
     except Exception as exc:  # noqa: BLE001 - reported, then clean-up runs
         failed = True
         print(f"\nrun.py: {exc}", file=sys.stderr)
-        for name in ("emulator", "arbiter", "litellm"):
+        for name in ("emulator", "arbiter", "reference", "litellm"):
             tail = cluster.log_tail(name)
             if tail:
                 print(f"--- {name}.log (tail) ---\n{tail}", file=sys.stderr)
@@ -904,12 +945,15 @@ def main() -> int:
               f"'!': over {BUSY_CELL_UTIL:.0%} even after {args.retries} reruns, so that cell's "
               "latency and throughput are off).")
         print(f"\nSide by side (workers: arbiter {WORKERS['arbiter']}"
+              + (f", reference {WORKERS['reference']}" if with_reference else "")
               + (f", litellm {WORKERS['litellm']}" if with_litellm else "") + "):\n")
         print(format_summary(summary, args.concurrencies))
+        if with_reference:
+            print("\n" + format_reference(summary, args.concurrencies))
         if args.rounds > 1:
             print(f"\n{args.rounds} rounds, interleaved; the table shows their medians. Every round:")
             for row in summary:
-                if row["target"] not in GATEWAYS or row["target"] == "litellm":
+                if row["target"] not in ("arbiter", "reference"):
                     continue
                 parts = [f"+p50 @{conc}: " + ", ".join(f"{v:.3f}" for v in row[f"added_p50_ms_c{conc}_rounds"])
                          for conc in args.concurrencies]

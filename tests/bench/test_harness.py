@@ -1,0 +1,71 @@
+"""bench/: the reference forwarder over real HTTP, and how run.py sums up its rounds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from bench import run
+from infra_adapters.emulators.ollama import OllamaState
+from infra_adapters.emulators.server import EmulatorServer
+from tests.e2e.conftest import free_port, wait_ready
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_reference_forwarder_swaps_the_model_and_passes_the_backend_through(
+        ollama: tuple[EmulatorServer, OllamaState]) -> None:
+    server, _state = ollama
+    port = free_port()
+    process = subprocess.Popen([sys.executable, str(ROOT / "bench" / "reference.py"), "--port", str(port),
+                                "--backend", server.url, "--public", run.GATEWAY_MODEL,
+                                "--backend-model", run.DIRECT_MODEL])
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/healthz", process)
+        url = f"http://127.0.0.1:{port}/v1/systemone"
+        answer = httpx.post(url, content=run.request_body(run.GATEWAY_MODEL),
+                            headers={"Content-Type": "application/json"}, timeout=10)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == run.GATEWAY_MODEL
+        assert set(answer.json()["answers"]) == set(run.QUESTIONS)
+        unknown = httpx.post(url, content=run.request_body("no-such-model"),
+                             headers={"Content-Type": "application/json"}, timeout=10)
+        assert unknown.status_code == 404  # the backend's own answer, as it came
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def cell(target: str, concurrency: int, round_: int, rps: float, p50: float, cpu: float) -> dict[str, Any]:
+    return {"target": target, "concurrency": concurrency, "round": round_, "requests": 100, "errors": 0,
+            "throughput_rps": rps, "latency_ms": {"p50": p50, "p99": p50 * 2},
+            "server_cpu_ms_per_request": {"emulator": 0.3, **({target: cpu} if target != "direct" else {})}}
+
+
+def test_each_round_is_compared_with_its_own_direct_cell_and_the_medians_are_reported() -> None:
+    cells = [
+        cell("direct", 1, 1, 2000, 0.40, 0), cell("reference", 1, 1, 1000, 0.80, 0.4),
+        cell("arbiter", 1, 1, 1100, 0.70, 0.3),
+        cell("direct", 1, 2, 1000, 0.90, 0), cell("reference", 1, 2, 800, 1.20, 0.4),
+        cell("arbiter", 1, 2, 900, 1.00, 0.3),
+        cell("direct", 1, 3, 1500, 0.50, 0), cell("reference", 1, 3, 900, 1.00, 0.4),
+        cell("arbiter", 1, 3, 1000, 0.95, 0.3),
+        cell("direct", 64, 1, 3000, 20, 0), cell("reference", 64, 1, 2400, 25, 0.30),
+        cell("arbiter", 64, 1, 2700, 22, 0.25),
+    ]
+    rows = {row["target"]: row for row in run.summarize(cells, [1, 64])}
+    # Against the same round's direct cell: +0.30, +0.10, +0.45 -> median 0.30 (not a difference of medians).
+    assert rows["arbiter"]["added_p50_ms_c1_rounds"] == pytest.approx([0.30, 0.10, 0.45])
+    assert rows["arbiter"]["added_p50_ms_c1"] == pytest.approx(0.30)
+    assert rows["reference"]["added_p50_ms_c1"] == pytest.approx(0.40)
+    assert rows["arbiter"]["vs_direct"] == pytest.approx(0.9)
+    assert rows["arbiter"]["gateway_cpu_ms_per_decision"] == pytest.approx(0.25)
+    text = run.format_reference(list(rows.values()), [1, 64])
+    assert "arbiter 0.250 ms, reference 0.300 ms (0.83x)" in text
+    assert "+p50 @1: arbiter 0.300 ms, reference 0.400 ms" in text
+    assert run.format_reference([rows["arbiter"]], [1, 64]) == ""  # no reference cells: no line
