@@ -7,7 +7,6 @@ lean routes and everything else to FastAPI; the middleware stack wraps both.
 from __future__ import annotations
 
 import gc
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, cast
@@ -51,11 +50,11 @@ class Arbiter:
         self.settings = settings
         self.components = Components(settings, tracer_provider)
         self.fastapi = _build_fastapi(self.components)
-        # X-Forwarded-Proto/-For from a trusted proxy (uvicorn's rule and variable: 127.0.0.1 unless
-        # FORWARDED_ALLOW_IPS says otherwise), for the routes that read them (the UI's Secure cookie,
-        # the mesh peer's address). The lean routes never do: they skip this layer.
+        # X-Forwarded-Proto/-For from a trusted proxy (uvicorn's rule: ARBITER_FORWARDED_ALLOW_IPS),
+        # for the routes that read them (the UI's Secure cookie, the mesh peer's address). The lean
+        # routes never do: they skip this layer.
         self._framework = cast(ASGIApp, ProxyHeadersMiddleware(
-            cast(Any, self.fastapi), trusted_hosts=os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")))
+            cast(Any, self.fastapi), trusted_hosts=settings.forwarded_allow_ips))
         c = self.components
         self.decisions = SystemOneRoute(c.keys, c.forwarder, c.touches, c.observer, c.tracing, settings,
                                         c.mesh.auth)

@@ -5,14 +5,14 @@ Every field is documented in docs/configuration.md; a test fails when one is not
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ARBITER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ARBITER_", extra="ignore", populate_by_name=True)
 
     # Where state lives.
     database_url: str = Field(
@@ -24,6 +24,13 @@ class Settings(BaseSettings):
     # Serving.
     host: str = Field("127.0.0.1", description="Address `arbiter serve` binds to.")
     port: int = Field(8080, description="Port `arbiter serve` binds to.")
+    forwarded_allow_ips: str = Field(
+        "127.0.0.1",
+        # uvicorn's own variable is read too, as it would be without this setting.
+        validation_alias=AliasChoices("ARBITER_FORWARDED_ALLOW_IPS", "FORWARDED_ALLOW_IPS"),
+        description="Proxies whose X-Forwarded-Proto/-For are believed (comma-separated addresses "
+                    "or networks, * for any).",
+    )
 
     # Load.
     max_concurrency: int = Field(

@@ -13,7 +13,7 @@ import httpx
 from app.tenancy import service as tenancy
 from app.tenancy.keys import KeyHasher
 from app.tenancy.service import CLI
-from app.ui.session import COOKIE, SessionSigner
+from app.ui.session import COOKIE, SIGNIN_COOKIE, SessionSigner
 from tests.support import Gateway, Stack
 from tests.ui.conftest import csrf_of, ui_sign_in
 
@@ -193,3 +193,24 @@ def test_sessions_span_replicas_with_a_secret_key_and_last_ui_session_minutes(
         assert "has no <code>ARBITER_SECRET_KEY</code>" in other.get("/ui/sign-in").text
     with closing(ui_sign_in(alone.url, stack.admin_key)) as own:
         assert own.get("/ui/services").status_code == 200
+
+
+def test_the_cookie_is_secure_behind_a_trusted_https_proxy_only(
+        gateway_factory: Callable[..., Gateway], stack: Stack) -> None:
+    """X-Forwarded-Proto counts from ARBITER_FORWARDED_ALLOW_IPS (loopback by default), never from anyone."""
+    untrusting = gateway_factory(forwarded_allow_ips="10.9.9.9")
+    for gateway, trusted in ((stack.gateway, True), (untrusting, False)):
+        with httpx.Client(base_url=gateway.url, headers={"X-Forwarded-Proto": "https"}) as client:
+            form = client.get("/ui/sign-in")
+            nonce = set_cookie(form, SIGNIN_COOKIE)
+            # httpx keeps a Secure cookie for https: carried by hand, as the browser behind the proxy would.
+            answer = client.post("/ui/sign-in", data={"csrf": csrf_of(form.text), "key": stack.admin_key},
+                                 headers={"Cookie": nonce.split(";")[0]})
+            assert answer.status_code == 303, answer.text
+            for cookie in (nonce, set_cookie(answer, COOKIE)):
+                attributes = {part.strip().split("=")[0].lower() for part in cookie.split(";")}
+                assert ("secure" in attributes) is trusted, (gateway.url, cookie)
+
+
+def set_cookie(response: httpx.Response, name: str) -> str:
+    return next(v for v in response.headers.get_list("set-cookie") if v.startswith(f"{name}="))
