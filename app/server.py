@@ -118,7 +118,9 @@ class HttpProtocol(HttpToolsProtocol):
 
 
 def serve(settings: Settings) -> None:
+    # log_config=None: uvicorn's loggers keep the JSON handler `configure` gave them (app/telemetry/logs.py)
+    # instead of its own plain-text set-up. proxy_headers=False: the app applies them (see main.py).
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, loop="uvloop",
                             http=HttpProtocol, lifespan="on", access_log=False, log_level="warning",
-                            timeout_graceful_shutdown=30, proxy_headers=False)  # the app applies them: see main.py
+                            log_config=None, timeout_graceful_shutdown=30, proxy_headers=False)
     Server(config).run()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -39,10 +41,17 @@ def test_serve_answers_a_decision_and_stops_cleanly(tmp_path: Path) -> None:
         assert response.status_code == 200, response.text
         assert response.json()["model"] == "nimble"
         assert httpx.get(f"http://127.0.0.1:{port}/readyz").json() == {"status": "ready"}
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:  # uvicorn's own 400 and log line
+            raw.sendall(b"NOT HTTP\r\n\r\n")
+            assert raw.recv(4096).startswith(b"HTTP/1.1 400")
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=20) == 0
         _, stderr = server.communicate()
         assert key.encode() not in stderr
+        lines = stderr.decode().splitlines()
+        # Every line is a JSON object, uvicorn's warnings included.
+        assert [json.loads(line)["level"] for line in lines if "Invalid HTTP request" in line] == ["WARNING"]
+        assert all(isinstance(json.loads(line), dict) for line in lines), lines
     finally:
         for process in (server, emulator):
             if process is not None and process.poll() is None:
