@@ -23,12 +23,17 @@ class ChangeBus:
     def __init__(self, redis: Any | None) -> None:
         self._redis = redis
         self.origin = uuid.uuid4().hex  # this process: its own messages are not applied twice
+        # Redis pub/sub ignores database numbers: a message published while on database 3 reaches
+        # subscribers on every database. The channel names the database, so deployments sharing
+        # one Redis server on different databases do not hear each other's changes.
+        pool = getattr(redis, "connection_pool", None)
+        self.channel = f"{CHANNEL}:{getattr(pool, 'connection_kwargs', {}).get('db', 0)}"
 
     async def publish(self, kind: str) -> None:
         if self._redis is None:
             return
         try:
-            await asyncio.wait_for(self._redis.publish(CHANNEL, f"{kind}:{self.origin}"), timeout=1.0)
+            await asyncio.wait_for(self._redis.publish(self.channel, f"{kind}:{self.origin}"), timeout=1.0)
         except (RedisError, OSError, TimeoutError) as exc:  # the change is made; others catch up by TTL
             log.warning("could not publish a '%s' change: %s", kind, type(exc).__name__)
 
@@ -40,7 +45,7 @@ class ChangeBus:
         while True:
             pubsub = self._redis.pubsub()
             try:
-                await pubsub.subscribe(CHANNEL)
+                await pubsub.subscribe(self.channel)
                 delay = 0.5
                 async for message in pubsub.listen():
                     if message.get("type") != "message":

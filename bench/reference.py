@@ -36,8 +36,9 @@ def make_app(backend: str, public: str, backend_model: str) -> Any:
                         await session.close()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
-        if session is None:
-            session = aiohttp.ClientSession()
+        if session is None:  # as many pooled connections as Arbiter's default (ARBITER_BACKEND_POOL_SIZE)
+            connector = aiohttp.TCPConnector(limit=256, limit_per_host=256)
+            session = aiohttp.ClientSession(connector=connector)
         body = b""
         while True:
             message = await receive()

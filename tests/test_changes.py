@@ -43,3 +43,37 @@ def test_a_failing_handler_does_not_stop_the_listener() -> None:
         return seen
 
     assert asyncio.run(scenario()) == ["keys", "keys", "keys"]
+
+
+def test_deployments_on_other_redis_databases_are_not_heard() -> None:
+    """Pub/sub ignores database numbers; the channel does not: a deployment on database N hears only
+    publishers on database N, even with another one on the same server."""
+    other = REDIS.rsplit("/", 1)[0] + f"/{int(REDIS.rsplit('/', 1)[1]) + 1}"
+    try:
+        redis.Redis.from_url(REDIS, socket_timeout=1).ping()
+    except redis.RedisError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+
+    async def scenario() -> tuple[list[str], str, str]:
+        seen: list[str] = []
+        clients = [redis.asyncio.from_url(url) for url in (REDIS, REDIS, other)]
+        listener, same, elsewhere = (ChangeBus(client) for client in clients)
+
+        async def models() -> None:
+            seen.append("same database")
+
+        task = asyncio.create_task(listener.listen({"models": models}))
+        await asyncio.sleep(0.3)
+        await elsewhere.publish("models")
+        await asyncio.sleep(0.2)
+        await same.publish("models")
+        await asyncio.sleep(0.2)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for client in clients:
+            await client.aclose()
+        return seen, listener.channel, elsewhere.channel
+
+    seen, mine, theirs = asyncio.run(scenario())
+    assert seen == ["same database"]
+    assert mine != theirs and mine.startswith("arbiter:changes:")

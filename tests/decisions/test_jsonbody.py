@@ -263,17 +263,25 @@ _scalars = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_valu
             | st.text(alphabet=st.sampled_from('ab:é\\"\n\u2028x'), max_size=6))
 
 
-def _encode(value: object, ascii_only: bool, spaced: bool) -> str:
-    """JSON text of ``value``, where a list of (key, value) pairs is an object (keys may repeat)."""
+def _encode(value: object, ascii_only: bool, spaced: bool, escape_colons: bool = False) -> str:
+    """JSON text of ``value``, where a list of (key, value) pairs is an object (keys may repeat);
+    ``escape_colons`` writes every colon inside a string as \\u003a."""
     sep, colon = (", ", ": ") if spaced else (",", ":")
-    if isinstance(value, tuple):  # an object, as its pairs
-        return "{" + sep.join(json.dumps(k, ensure_ascii=ascii_only) + colon + _encode(v, ascii_only, spaced)
-                              for k, v in value) + "}"
-    if isinstance(value, list):
-        return "[" + sep.join(_encode(v, ascii_only, spaced) for v in value) + "]"
-    if isinstance(value, orjson.Fragment):
-        return orjson.dumps(value).decode()
-    return json.dumps(value, ensure_ascii=ascii_only)
+
+    def string(text: str) -> str:
+        encoded = json.dumps(text, ensure_ascii=ascii_only)
+        return encoded.replace(":", "\\u003a") if escape_colons else encoded
+
+    def encode(item: object) -> str:
+        if isinstance(item, tuple):  # an object, as its pairs
+            return "{" + sep.join(string(k) + colon + encode(v) for k, v in item) + "}"
+        if isinstance(item, list):
+            return "[" + sep.join(encode(v) for v in item) + "]"
+        if isinstance(item, orjson.Fragment):
+            return orjson.dumps(item).decode()
+        return string(item) if isinstance(item, str) else json.dumps(item)
+
+    return encode(value)
 
 
 _values = st.recursive(
@@ -283,8 +291,23 @@ _values = st.recursive(
 )
 
 
-@given(value=_values, ascii_only=st.booleans(), spaced=st.booleans())
+@given(value=_values, ascii_only=st.booleans(), spaced=st.booleans(), escape_colons=st.booleans())
 @settings(max_examples=400, deadline=None)
-def test_the_fast_parser_agrees_with_the_strict_one(value: object, ascii_only: bool, spaced: bool) -> None:
-    body = _encode(value, ascii_only, spaced).encode()
+def test_the_fast_parser_agrees_with_the_strict_one(value: object, ascii_only: bool, spaced: bool,
+                                                    escape_colons: bool) -> None:
+    body = _encode(value, ascii_only, spaced, escape_colons).encode()
     assert _result(body) == _strict_result(body)
+
+
+def test_large_bodies_skip_the_fast_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past FAST_MAX_BYTES the strict parser alone reads a body: msgspec would turn each integer of
+    thousands of digits into an int first (quadratic), where the strict parser keeps the text."""
+
+    class Refuses:
+        def decode(self, body: bytes) -> object:
+            raise AssertionError("the fast parser read a large body")
+
+    monkeypatch.setattr(jsonbody, "_fast", Refuses())
+    body = b"[" + b",".join([b"7" * 4300] * 8) + b"]"
+    assert len(body) > jsonbody.FAST_MAX_BYTES
+    assert dumps(loads(body)) == body
