@@ -36,6 +36,9 @@ from infra_adapters.base import (
 __all__ = ["H1Pool"]
 
 KEEPALIVE_SECONDS = 15.0  # an idle connection older than this is closed, not reused (aiohttp's default)
+# An answer's status line and headers: past this many bytes the answer is broken. httptools has no
+# limit of its own, and joins a header value's pieces at a cost that grows with their square.
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class H1Pool:
@@ -109,11 +112,13 @@ class H1Pool:
         self._waiters.append(waiter)
         try:
             await asyncio.wait_for(waiter, max(0.0, deadline - asyncio.get_running_loop().time()))
-        except TimeoutError as exc:
-            raise BackendTimeout(f"{url} did not answer within {timeout:g}s (every connection busy)") from exc
-        except BaseException:
+        except BaseException as exc:
+            # A slot handed to us just as we gave up (a cancel, or a timeout that Python 3.12+ raises
+            # even when the waiter got its result in the same turn): pass it on, never lose it.
             if waiter.done() and not waiter.cancelled():
-                self._release(None)  # a slot was handed to us just as we gave up: pass it on
+                self._release(None)
+            if isinstance(exc, TimeoutError):
+                raise BackendTimeout(f"{url} did not answer within {timeout:g}s (every connection busy)") from exc
             raise
         finally:
             if waiter in self._waiters:
@@ -202,7 +207,8 @@ class _Connection(asyncio.Protocol):
         self._encoding: str | None = None
         self._length: int | None = None
         self._chunked = False
-        self._headers_done = False
+        self._headers_done = False  # the final (not 1xx) answer's headers are complete
+        self._head_bytes = 0  # bytes received while the answer's headers were incomplete
         self._failure: BaseException | None = None
         self.reusable = False
         self.usable = False  # connected and not closed
@@ -221,8 +227,15 @@ class _Connection(asyncio.Protocol):
         if self._waiter is None or self._waiter.done():
             self.close()  # bytes nobody asked for: the connection is out of step
             return
+        if not self._headers_done:
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._fail(BackendBroken(f"{self._url} sent more than {MAX_HEAD_BYTES} bytes of headers"))
+                return
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # 101 Switching Protocols: not an answer to a POST
+            self._fail(BackendBroken(f"{self._url} answered by switching protocols"))
         except httptools.HttpParserError as exc:  # a callback's _Abort arrives as one too
             self._fail(BackendBroken(f"{self._url} sent a malformed answer: {exc}"))  # no-op after _Abort
 
@@ -243,6 +256,16 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks ---------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            # An answer nobody asked for, right behind the real one: never let it (or part of it)
+            # become the next request's answer.
+            self.reusable = False
+            self.close()
+            raise _Abort
+        self._reset()
+
+    def _reset(self) -> None:
         self._parts = []
         self._size = 0
         self._content_type = self._encoding = None
@@ -251,6 +274,8 @@ class _Connection(asyncio.Protocol):
         self._headers_done = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._headers_done:
+            return  # a chunked answer's trailers: they never replace its headers
         lower = name.lower()
         if lower == b"content-type":
             self._content_type = value.decode("latin-1")
@@ -265,6 +290,8 @@ class _Connection(asyncio.Protocol):
             self._encoding = value.decode("latin-1").strip().lower()
 
     def on_headers_complete(self) -> None:
+        if self._parser.get_status_code() < 200:
+            return  # an interim answer (100 Continue): the real one follows
         self._headers_done = True
         if self._length is not None and self._length > self._limit:
             self._fail(ReplyTooLarge(f"{self._url} answered {self._length} bytes, over the "
@@ -292,6 +319,8 @@ class _Connection(asyncio.Protocol):
         self._limit = limit
         self.reusable = False
         self._failure = None
+        self._reset()  # nothing of the last answer on this connection counts for this one
+        self._head_bytes = 0
         waiter = self._waiter = loop.create_future()
         self._timer = loop.call_at(deadline, self._time_out, timeout)
         try:
@@ -356,4 +385,6 @@ def _decode(body: bytes, encoding: str, limit: int) -> bytes:
         out = decoder.decompress(body, limit + 1)
     if len(out) > limit:
         raise ReplyTooLarge(f"the decoded answer is over the {limit}-byte response cap")
+    if not decoder.eof:
+        raise zlib.error("the compressed answer is cut short")
     return out

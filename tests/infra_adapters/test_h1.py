@@ -26,9 +26,11 @@ def ok(body: bytes, *extra: str) -> bytes:
 
 
 async def serve(answer: Answer, work: Callable[[H1Pool, list[bytes], list[int]], Awaitable[Any]],
-                *, close_after: bool = False, limit: int = 8, delay: float = 0.0) -> Any:
+                *, close_after: bool = False, close_after_empty: bool = False, limit: int = 8,
+                delay: float = 0.0) -> Any:
     """Run ``work(pool, requests, connections)`` against a server that answers every request
-    with ``answer(request)``; ``requests`` collects what it received, ``connections`` counts."""
+    with ``answer(request)``; ``requests`` collects what it received, ``connections`` counts.
+    ``close_after_empty``: an empty answer closes the connection (a request read, never answered)."""
     requests: list[bytes] = []
     connections = [0]
 
@@ -48,6 +50,8 @@ async def serve(answer: Answer, work: Callable[[H1Pool, list[bytes], list[int]],
                 if reply is None:
                     await asyncio.sleep(30)
                     return
+                if close_after_empty and not reply:
+                    break
                 writer.write(reply)
                 await writer.drain()
                 if close_after:
@@ -219,3 +223,138 @@ def test_a_request_that_ends_after_the_pool_closed_closes_its_connection() -> No
         assert pool.busy == 0 and pool.open_connections == 0
 
     asyncio.run(serve(lambda _r: ok(b"{}"), work, delay=0.2))
+
+
+# -- what a reused connection must not carry over, and answers that break the rules ------------
+
+
+def test_a_reused_connection_closed_without_an_answer_is_broken_not_the_last_answer_again() -> None:
+    """The first answer (a 204 without Content-Length) leaves no state behind: when the server then
+    closes the kept connection without answering, the second POST fails; it is not the old 204."""
+    answers = iter([b"HTTP/1.1 204 No Content\r\n\r\n"])
+
+    async def work(pool: H1Pool, requests: list[bytes], _connections: list[int]) -> None:
+        assert (await post(pool)).status == 204
+        with pytest.raises(BackendBroken):
+            await post(pool)
+        assert len(requests) == 2 and pool.busy == 0
+
+    asyncio.run(serve(lambda _r: next(answers, b""), work, close_after_empty=True))
+
+
+def test_an_interim_answer_then_the_end_of_the_connection_is_broken() -> None:
+    async def work(pool: H1Pool, _requests: list[bytes], _connections: list[int]) -> None:
+        with pytest.raises(BackendBroken):
+            await post(pool)
+        assert pool.busy == 0
+
+    asyncio.run(serve(lambda _r: b"HTTP/1.1 100 Continue\r\n\r\n", work, close_after=True))
+
+
+def test_bytes_after_an_answer_never_reach_the_next_request() -> None:
+    """An unrequested (partial) answer right behind the real one: the connection is dropped, so the
+    next request, maybe another tenant's, gets its own answer on a fresh connection."""
+    stray = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nIN"
+    answers = iter([ok(b'{"a":1}') + stray, ok(b'{"b":2}')])
+
+    async def work(pool: H1Pool, _requests: list[bytes], connections: list[int]) -> None:
+        assert (await post(pool)).body == b'{"a":1}'
+        assert (await post(pool)).body == b'{"b":2}'
+        assert connections[0] == 2
+
+    asyncio.run(serve(lambda _r: next(answers), work))
+
+
+def test_a_header_flood_is_cut_off_early() -> None:
+    """Headers count against no cap of their own otherwise; a backend sending megabytes of one
+    header value is stopped after the first 64 KiB or so, not read to the end."""
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")  # the request's head; its small body stays unread
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Flood: ")
+        try:
+            for _ in range(4096):  # 64 MiB in 16 KiB pieces, unless the client hangs up first
+                writer.write(b"a" * 16384)
+                await writer.drain()
+        except ConnectionError:
+            return
+        finally:
+            writer.close()
+
+    async def work() -> None:
+        server = await asyncio.start_server(flood, "127.0.0.1", 0)
+        pool = H1Pool(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", connect_timeout=2.0, limit=2)
+        try:
+            with pytest.raises(BackendBroken, match="headers"):
+                await post(pool, timeout=20.0)
+            assert pool.busy == 0
+        finally:
+            pool.close()
+            server.close()
+
+    asyncio.run(work())
+
+
+def test_trailers_do_not_change_the_answers_headers() -> None:
+    raw = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+           b"7\r\n{\"a\":1}\r\n0\r\nContent-Type: text/evil\r\nContent-Encoding: gzip\r\n\r\n")
+
+    async def work(pool: H1Pool, _requests: list[bytes], _connections: list[int]) -> None:
+        reply = await post(pool)
+        assert (reply.status, reply.content_type, reply.body) == (200, "application/json", b'{"a":1}')
+
+    asyncio.run(serve(lambda _r: raw, work))
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_cut_off_compressed_answer_is_broken(encoding: str) -> None:
+    import zlib
+
+    data = b'{"answers":' + b'"x",' * 200 + b'"end"}'
+    packed = gzip.compress(data) if encoding == "gzip" else zlib.compress(data)
+    cut = packed[: len(packed) // 2]
+    raw = ok(cut, f"Content-Encoding: {encoding}")
+
+    async def work(pool: H1Pool, _requests: list[bytes], _connections: list[int]) -> None:
+        with pytest.raises(BackendBroken, match="cannot decode"):
+            await post(pool)
+        assert pool.busy == 0
+
+    asyncio.run(serve(lambda _r: raw, work))
+
+
+def test_switching_protocols_is_broken() -> None:
+    raw = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+
+    async def work(pool: H1Pool, _requests: list[bytes], _connections: list[int]) -> None:
+        with pytest.raises(BackendBroken):
+            await post(pool)
+        assert pool.busy == 0
+
+    asyncio.run(serve(lambda _r: raw, work))
+
+
+def test_a_slot_handed_over_as_the_wait_times_out_is_passed_on() -> None:
+    """Python 3.12+ may raise TimeoutError from wait_for although the slot was handed to the waiter
+    in the same turn; the slot must then go to the next waiter (or back), never be lost."""
+
+    async def work() -> None:
+        pool = H1Pool("http://127.0.0.1:9", connect_timeout=1.0, limit=1)
+        pool.busy = 1  # the one slot is taken: the next request waits
+        loop = asyncio.get_running_loop()
+        original = asyncio.wait_for
+
+        async def hand_over_then_time_out(future: Any, timeout: float) -> Any:
+            pool._release(None)  # the taken slot is freed and goes to the waiter ...
+            assert future.done()
+            raise TimeoutError  # ... and the wait gives up all the same (3.12's race)
+
+        asyncio.wait_for = hand_over_then_time_out  # type: ignore[assignment]
+        try:
+            with pytest.raises(BackendTimeout):
+                await pool._acquire("u", 0.05, loop.time() + 0.05)
+        finally:
+            asyncio.wait_for = original
+        assert pool.busy == 0 and not pool._waiters  # nobody holds a slot, and none is lost
+
+    asyncio.run(work())
