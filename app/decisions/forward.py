@@ -3,7 +3,9 @@ and what comes back. No database here: the registry and the principal are in mem
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -66,13 +68,14 @@ class Forwarder:
     async def decide(self, principal: Principal, body: dict[str, Any], request: DecisionRequest,
                      raw_length: int, headers: dict[str, str], *, only: int | None = None) -> Outcome:
         """Check and forward one decision. ``only`` (a service id) pins the replica (the Test action)."""
-        if request.remote_media and not self._settings.allow_remote_media_urls:
-            raise InvalidRequest("remote media URLs are not accepted; send base64 or data: URLs "
-                                 "(an admin can allow URLs with ARBITER_ALLOW_REMOTE_MEDIA_URLS)")
         model = request.model
         principal.authorize(model)
         entry = self._registry.find(model, principal.mesh_hops)
         replicas = self._eligible(entry, body, request, raw_length)
+        # A media check, so after 403, 404 and the text limit (SPEC §1's order).
+        if request.remote_media and not self._settings.allow_remote_media_urls:
+            raise InvalidRequest("remote media URLs are not accepted; send base64 or data: URLs "
+                                 "(an admin can allow URLs with ARBITER_ALLOW_REMOTE_MEDIA_URLS)")
         if only is not None:
             replicas = [r for r in replicas if r.service_id == only]
             if not replicas:
@@ -242,11 +245,13 @@ def rejected_credential(replica: Replica) -> str:
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
+    """The answer as read for its usage and ``model`` (orjson: fast; past-64-bit integers may come
+    back as floats, which is fine for reading, never for re-encoding: see ``_with_model``)."""
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError:
         try:
-            value = jsonbody.loads(body)  # integers past 64 bits, which orjson refuses
+            value = jsonbody.loads(body)  # what orjson refuses and the strict parser takes
         except ArbiterError:
             return None
     return value if isinstance(value, dict) else None
@@ -259,15 +264,40 @@ def rewrite_model(body: bytes, backend_name: str, public_name: str) -> bytes:
 
 
 def _with_model(body: bytes, answer: dict[str, Any], backend_name: str, public_name: str) -> bytes:
-    """The backend's bytes with ``model`` set to the public name; spliced when it leads the object."""
+    """The backend's bytes with ``model`` set to the public name, everything else as it came.
+
+    Spliced into the bytes when the pair can be found there: where it leads the object (Ollama),
+    or anywhere else when ``"model": "<backend name>"`` occurs once (a vLLM answer leads with
+    ``id``). A JSON string cannot hold an unescaped quote, so such an occurrence is always a real
+    member, and the top-level one is among them. Otherwise (the name written with escapes, or the
+    same pair nested again, or only nested) the answer is re-encoded from a parse that keeps numbers
+    as their text."""
     if backend_name == public_name and answer.get("model") == public_name:
         return body
-    stripped = body.lstrip()
-    lead = b'{"model":' + orjson.dumps(backend_name)
-    if answer.get("model") == backend_name and stripped.startswith(lead):
-        return b'{"model":' + orjson.dumps(public_name) + stripped[len(lead):]
-    answer["model"] = public_name
-    return jsonbody.dumps(answer)
+    public = orjson.dumps(public_name)
+    if answer.get("model") == backend_name:
+        stripped = body.lstrip()
+        lead = b'{"model":' + orjson.dumps(backend_name)
+        if stripped.startswith(lead):
+            return b'{"model":' + public + stripped[len(lead):]
+        found = list(_model_pair(backend_name).finditer(body))
+        if len(found) == 1:
+            value = found[0].span(1)
+            spliced = body[:value[0]] + public + body[value[1]:]
+            if (_json_object(spliced) or {}).get("model") == public_name:  # it was the top-level one
+                return spliced
+    try:
+        exact = jsonbody.loads(body)
+    except ArbiterError:  # a key given twice (orjson kept the last), NaN: what was read will do
+        exact = answer
+    exact["model"] = public_name
+    return jsonbody.dumps(exact)
+
+
+@functools.lru_cache(maxsize=256)
+def _model_pair(backend_name: str) -> re.Pattern[bytes]:
+    """``"model": "<backend_name>"`` in an answer's bytes; group 1 is the value."""
+    return re.compile(rb'"model"[ \t\r\n]*:[ \t\r\n]*(' + re.escape(orjson.dumps(backend_name)) + rb")")
 
 
 def _count(value: Any) -> int | None:

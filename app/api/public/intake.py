@@ -54,8 +54,8 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
             principal = Principal.mesh_node(claim.node, claim.hops, claim.salt)
         else:
             principal = await keys.authenticate(authorization, "project")
+        check_length(headers.get("content-length"), max_body)  # SPEC §1: length, then encoding
         encoding = content_encoding(headers.get("content-encoding"))
-        check_length(headers.get("content-length"), max_body)
     except ArbiterError as error:
         await send_error(send, error, close=True)  # the body is unread: do not parse it as a request
         return None

@@ -309,6 +309,18 @@ def test_checks_run_in_spec_order(stack: Stack) -> None:
     assert post(stack, decision("ghost", state="w " * 33_000)).status_code == 404
     # 413 (text) before 400 (capability)
     assert post(stack, decision("llama3.2", state="w " * 33_000)).status_code == 413
+    # 403, 404 and 413 (text) before the remote-media 400 (a media check)
+    remote = ["https://example.com/cat.png"]
+    assert post(stack, decision("clef", images=remote), key=narrow).status_code == 400
+    assert post(stack, decision("nimble", images=remote), key=narrow).status_code == 403
+    assert post(stack, decision("ghost", images=remote)).status_code == 404
+    assert post(stack, decision("clef", images=remote, state="w " * 33_000)).status_code == 413
+
+
+def test_a_declared_length_over_the_cap_comes_before_the_encoding(stack: Stack) -> None:
+    """SPEC §1: 413/415 in the order length, encoding, body cap."""
+    answer = head_only(stack.gateway.port, f"Authorization: Bearer {stack.project_key}\r\nContent-Encoding: br\r\n")
+    assert answer.startswith(b"HTTP/1.1 413"), answer
 
 
 # -- 5xx ---------------------------------------------------------------------------------
