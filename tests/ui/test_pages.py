@@ -205,8 +205,10 @@ def test_usage_audit_and_unknown_pages(ui: httpx.Client, stack: Stack) -> None:
             assert tenant.post("/v1/systemone", json=decision()).status_code == 200
         assert tenant.post("/v1/systemone", json=decision("missing")).status_code == 404
     deadline = time.monotonic() + 5
+    # The ledger writes in batches, and the page's chart and its list of requests are two queries:
+    # a batch may land between them, so wait for both to show it.
     while (usage := ui.get("/ui/usage?project=acme&days=7")).text.count('<span class="badge ok">200</span>') < 3 \
-            or '<span class="badge bad">404</span>' not in usage.text:  # the ledger writes in batches
+            or '<span class="badge bad">404</span>' not in usage.text or "<rect" not in usage.text:
         assert time.monotonic() < deadline, "usage never showed"
         time.sleep(0.1)
     assert usage.text.count("<rect") == 1 and "nimble" in usage.text
