@@ -263,9 +263,9 @@ class _Connection(asyncio.Protocol):
             self.reusable = False
             self.close()
             raise _Abort
-        self._reset()
 
     def _reset(self) -> None:
+        """Forget an answer's framing and parts: at each exchange, and after an interim answer."""
         self._parts = []
         self._size = 0
         self._content_type = self._encoding = None
@@ -308,7 +308,8 @@ class _Connection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         status = self._parser.get_status_code()
         if 100 <= status < 200:
-            return  # an interim answer (100 Continue): the real one follows
+            self._reset()  # an interim answer (100 Continue): the real one follows
+            return
         self._complete()
 
     # -- the exchange --------------------------------------------------------------------------
