@@ -214,3 +214,16 @@ def test_a_backend_redirect_is_not_followed(stack: Stack) -> None:
             response = client.post("/v1/systemone", json=decision())
     assert response.status_code == 307
     assert not [r for r in elsewhere.requests if r.path == "/v1/systemone"]
+
+
+def test_an_answer_whose_model_does_not_lead_comes_back_byte_for_byte(stack: Stack) -> None:
+    """As a vLLM answer is laid out (id first): only the model's value changes, numbers and
+    spacing stay the backend's."""
+    faults = stack.ollama_state.faults
+    faults.status, faults.content_type = 200, "application/json"
+    faults.body = (b'{"id": "d-1", "model": "nimble:latest", "answers": {"q": {"noul": 0.50}},\n'
+                   b' "big": 123456789012345678901234, "usage": {"input_tokens": 5, "output_tokens": 1}}')
+    with stack.client() as client:
+        response = client.post("/v1/systemone", json=decision())
+    assert response.status_code == 200, response.text
+    assert response.content == faults.body.replace(b'"model": "nimble:latest"', b'"model": "nimble"')
