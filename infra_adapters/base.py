@@ -73,6 +73,7 @@ class Reply:
     status: int
     content_type: str | None
     body: bytes
+    retry_after: str | None = None  # the backend's Retry-After, passed on with its error
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,7 @@ class Stream(Protocol):
 
     status: int
     content_type: str | None
+    retry_after: str | None
 
     def chunks(self) -> Any:
         """Async iterator of body chunks, in the order they arrive."""

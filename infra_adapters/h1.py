@@ -204,6 +204,7 @@ class _Connection(asyncio.Protocol):
         self._parts: list[bytes] = []
         self._size = 0
         self._content_type: str | None = None
+        self._retry_after: str | None = None
         self._encoding: str | None = None
         self._length: int | None = None
         self._chunked = False
@@ -268,7 +269,7 @@ class _Connection(asyncio.Protocol):
         """Forget an answer's framing and parts: at each exchange, and after an interim answer."""
         self._parts = []
         self._size = 0
-        self._content_type = self._encoding = None
+        self._content_type = self._encoding = self._retry_after = None
         self._length = None
         self._chunked = False
         self._headers_done = False
@@ -288,6 +289,8 @@ class _Connection(asyncio.Protocol):
             self._chunked = b"chunked" in value.lower()
         elif lower == b"content-encoding":
             self._encoding = value.decode("latin-1").strip().lower()
+        elif lower == b"retry-after":
+            self._retry_after = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         if self._parser.get_status_code() < 200:
@@ -351,7 +354,7 @@ class _Connection(asyncio.Protocol):
                 self._fail(failure)
                 return
         self.reusable = self.usable and self._parser.should_keep_alive()
-        waiter.set_result(Reply(self._parser.get_status_code(), self._content_type, body))
+        waiter.set_result(Reply(self._parser.get_status_code(), self._content_type, body, self._retry_after))
 
     def _fail(self, error: BaseException, *, close: bool = True) -> None:
         waiter = self._waiter

@@ -128,7 +128,8 @@ class HttpBackendBase:
         if through_open:
             stream = await self.open(path, body, options)
             try:
-                return Reply(stream.status, stream.content_type, await stream.read(options.max_reply_bytes))
+                return Reply(stream.status, stream.content_type, await stream.read(options.max_reply_bytes),
+                             stream.retry_after)
             finally:
                 await stream.close()
         pool = self._pool
@@ -189,6 +190,7 @@ class AiohttpStream:
         self._timeout = timeout
         self.status = response.status
         self.content_type: str | None = response.headers.get("Content-Type")
+        self.retry_after: str | None = response.headers.get("Retry-After")
 
     async def read(self, limit: int) -> bytes:
         declared = self._response.content_length

@@ -53,6 +53,7 @@ class Outcome:
     backend_seconds: float
     input_tokens: int | None = None
     output_tokens: int | None = None
+    retry_after: str | None = None  # a backend error's own Retry-After
 
 
 class Forwarder:
@@ -209,7 +210,7 @@ class Forwarder:
             raise _ReplicaFault(UpstreamAuthFailed(rejected_credential(replica)), backoff=False)
         if reply.status != 200:
             outcome = Outcome(reply.status, reply.content_type or "application/octet-stream",
-                              reply.body, replica.provider, waited)
+                              reply.body, replica.provider, waited, retry_after=reply.retry_after)
             if reply.status in _REPLICA_FAULT_STATUSES:
                 raise _ReplicaFault(BackendFailed(reply.status, "backend failed"), outcome)
             return outcome

@@ -76,7 +76,9 @@ class ChatRoute:
                     await send_error(send, BackendFailed(502, f"the backend of model '{record.model}' broke "
                                                               f"the connection ({type(exc).__name__})"))
                     return
-                await send_bytes(send, answer.status, payload, answer.content_type)
+                retry_after = answer.stream.retry_after if answer.status != 200 else None
+                await send_bytes(send, answer.status, payload, answer.content_type,
+                                 None if retry_after is None else {"Retry-After": retry_after})
                 return
             await send({"type": "http.response.start", "status": answer.status,
                         "headers": [(b"content-type", answer.content_type.encode("latin-1")),

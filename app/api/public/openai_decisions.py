@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.api.asgi import Receive, Scope, Send, send_bytes
-from app.api.public.systemone import SystemOneRoute
+from app.api.public.systemone import SystemOneRoute, passed_on
 from app.decisions.forward import Outcome
 from app.decisions.openai_api import errors
 from app.decisions.openai_api import request as openai_request
@@ -56,7 +56,7 @@ class OpenAIDecisionsRoute(SystemOneRoute):
             return
         # A backend's own error: its status and message, in this endpoint's shape.
         body = errors.from_backend(outcome.status, outcome.content_type, outcome.body)
-        await send_bytes(send, outcome.status, body, "application/json")
+        await send_bytes(send, outcome.status, body, "application/json", passed_on(outcome))
 
     def logged(self, body: Any) -> Any:
         return {"state": body.get("input")} if isinstance(body, dict) else None

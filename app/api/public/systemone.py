@@ -93,8 +93,14 @@ class SystemOneRoute:
         return request
 
     async def reply(self, send: Send, outcome: Outcome) -> None:
-        await send_bytes(send, outcome.status, outcome.body, outcome.content_type)
+        await send_bytes(send, outcome.status, outcome.body, outcome.content_type, passed_on(outcome))
 
     def logged(self, body: Any) -> Any:
         """What payload logging sees (its ``state``)."""
         return body
+
+
+def passed_on(outcome: Outcome) -> dict[str, str] | None:
+    """The headers of a backend's error that go back with it: its Retry-After (a 429 or 503 of
+    its own says when to come back)."""
+    return None if outcome.retry_after is None else {"Retry-After": outcome.retry_after}

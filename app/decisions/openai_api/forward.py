@@ -60,6 +60,7 @@ async def _translated(backend: Backend, body: dict[str, Any], call: CallOptions)
 async def _post(backend: Backend, path: str, body: dict[str, Any], call: CallOptions) -> Reply:
     stream = await backend.open(path, body, call)
     try:
-        return Reply(stream.status, stream.content_type, await stream.read(call.max_reply_bytes))
+        return Reply(stream.status, stream.content_type, await stream.read(call.max_reply_bytes),
+                     stream.retry_after)
     finally:
         await stream.close()

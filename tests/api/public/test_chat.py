@@ -132,6 +132,7 @@ def test_a_backend_4xx_passes_through_unchanged(stack: Stack) -> None:
         stack.ollama_state.faults.status = 429
         stack.ollama_state.faults.body = b"slow down, please"
         stack.ollama_state.faults.content_type = "text/plain; charset=utf-8"
+        stack.ollama_state.faults.headers = {"Retry-After": "30"}
         limited = client.post("/v1/chat/completions", json=chat())
         again = client.post("/v1/chat/completions", json=chat())  # a 4xx does not back the replica off
     assert direct.status_code == 400
@@ -141,6 +142,7 @@ def test_a_backend_4xx_passes_through_unchanged(stack: Stack) -> None:
     for got in (limited, again):
         assert (got.status_code, got.content, got.headers["content-type"]) == (
             429, b"slow down, please", "text/plain; charset=utf-8")
+        assert got.headers["retry-after"] == "30"
 
 
 def test_vllm_chat(stack: Stack, vllm: tuple[EmulatorServer, VllmState]) -> None:

@@ -150,6 +150,11 @@ def test_backend_errors_in_openai_shape(stack: Stack) -> None:
     assert info.value.body == {"message": "model is overloaded", "type": "invalid_request_error",
                                "param": None, "code": None}
     faults.reset()
+    faults.status, faults.body, faults.content_type = 429, b'{"error":"slow down"}', "application/json"
+    faults.headers = {"Retry-After": "9"}
+    limited = raw(stack, {"model": "nimble", "input": "x", "questions": QUESTIONS})
+    assert limited.status_code == 429 and limited.headers["retry-after"] == "9"
+    faults.reset()
     faults.non_json = True
     with pytest.raises(openai.APIStatusError) as broken:
         create(stack)

@@ -99,6 +99,19 @@ def test_injected_backend_status_passes_through(stack: Stack) -> None:
         response = client.post("/v1/systemone", json=decision())
     assert response.status_code == 429
     assert response.content == b'{"error":"server busy, please try again"}'
+    assert "retry-after" not in response.headers  # the backend gave none: none is made up
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_backend_errors_retry_after_comes_back_with_it(stack: Stack, status: int) -> None:
+    faults = stack.ollama_state.faults
+    faults.status, faults.body, faults.content_type = status, b'{"error":"busy"}', "application/json"
+    faults.headers = {"Retry-After": "17"}
+    with stack.client() as client:
+        response = client.post("/v1/systemone", json=decision())
+    assert response.status_code == status
+    assert response.content == b'{"error":"busy"}'
+    assert response.headers["retry-after"] == "17"
 
 
 def test_trace_headers_are_forwarded(stack: Stack) -> None:
