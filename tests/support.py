@@ -56,6 +56,7 @@ def redis_url(slot: int) -> str:
     """Redis database ``slot`` (0-2) of this pass's own: CI runs the SQLite and the PostgreSQL
     passes at once, and a test that empties its database must not empty the other pass's."""
     first = 10 if os.environ.get("ARBITER_TEST_DATABASE_URL", "").startswith("postgres") else 13
+    first = int(os.environ.get("ARBITER_TEST_REDIS_FIRST_DB", first))  # a third suite at once elsewhere
     return f"redis://127.0.0.1:6379/{first + slot}"
 
 
