@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +70,23 @@ def test_each_round_is_compared_with_its_own_direct_cell_and_the_medians_are_rep
     assert "arbiter 0.250 ms, reference 0.300 ms (0.83x)" in text
     assert "+p50 @1: arbiter 0.300 ms, reference 0.400 ms" in text
     assert run.format_reference([rows["arbiter"]], [1, 64]) == ""  # no reference cells: no line
+
+
+def test_instructions_are_summed_per_thread_across_dumps(tmp_path: Path) -> None:
+    from bench import instructions
+
+    (tmp_path / "arbiter.callgrind.7-01").write_bytes(b"events: Ir\nsummary: 0\ntotals: 1000\n")
+    (tmp_path / "arbiter.callgrind.7.1-01").write_bytes(b"events: Ir\nsummary: 500\ntotals: 500\n")
+    (tmp_path / "arbiter.callgrind.7.1-03").write_bytes(b"events: Ir\ntotals: 300\n")
+    (tmp_path / "arbiter.callgrind.7-02").write_bytes(b"events: Ir\ntotals: 0\n")
+    assert instructions.instructions(sorted(tmp_path.iterdir())) == (1500, 300)
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_instructions_counts_a_server_under_callgrind() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "instructions.py"), "--targets", "direct",
+                           "--requests", "20", "--warmup", "20"], check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = next(line for line in done.stdout.splitlines() if line.startswith("direct "))
+    loop = float(row.split()[1])
+    assert loop > 50  # the emulator runs well over 50k instructions for a decision
