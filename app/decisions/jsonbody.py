@@ -95,13 +95,20 @@ def _strict(body: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise _invalid(f"the body is not UTF-8 ({exc.reason} at byte {exc.start})") from exc
     try:
-        return _decoder.decode(text)
+        value = _decoder.decode(text)
     except _Refused as exc:
         raise _invalid(str(exc)) from exc
     except json.JSONDecodeError as exc:
         raise _invalid(f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     except RecursionError as exc:
         raise _invalid("the body nests too deeply") from exc
+    if b"\\ud" in body or b"\\uD" in body:  # an escaped surrogate: fine in a pair, not alone
+        try:
+            orjson.dumps(value)
+        except orjson.JSONEncodeError as exc:  # a lone one is not text: it cannot go on as UTF-8
+            raise _invalid("the body holds a lone surrogate escape (such as \\ud800), which is "
+                           "not a character") from exc
+    return value
 
 
 def dumps(value: Any) -> bytes:
@@ -111,6 +118,8 @@ def dumps(value: Any) -> bytes:
     except orjson.JSONEncodeError as exc:
         # Lone surrogates ("\ud800") parse but cannot be encoded as UTF-8.
         raise _invalid(f"the body cannot be re-encoded: {exc}") from exc
+    except RecursionError as exc:  # nesting past orjson's limit
+        raise _invalid("the body nests too deeply") from exc
 
 
 def is_number(value: Any) -> bool:

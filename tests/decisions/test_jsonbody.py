@@ -93,14 +93,18 @@ def test_deep_but_parseable_nesting_fails_cleanly_on_dumps() -> None:
         dumps(value)
 
 
-def test_lone_surrogate_parses_but_dumps_is_a_400() -> None:
-    value = loads(b'{"a": "x\\ud800y"}')
+@pytest.mark.parametrize("body", [b'{"a": "x\\ud800y"}', b'{"\\udc00": 1}', b'["\\uDBFF"]',
+                                  b'{"a": "' + b"x" * 20_000 + b'\\ud800"}'])  # past the fast parser too
+def test_a_lone_surrogate_is_a_400_when_parsed(body: bytes) -> None:
+    # It is not a character: it could never be forwarded as UTF-8, so it stops here, not later.
     with pytest.raises(ValidationFailed) as caught:
-        dumps(value)
+        loads(body)
     assert caught.value.status == 400
-    value = loads(b'{"\\udc00": 1}')
-    with pytest.raises(ValidationFailed):
-        dumps(value)
+    assert "lone surrogate" in caught.value.problems[0]["msg"]
+
+
+def test_an_escaped_backslash_before_ud_is_not_a_surrogate() -> None:
+    assert loads(b'{"a": "\\\\ud800"}') == {"a": "\\ud800"}
 
 
 def test_escaped_surrogate_pair_is_one_character() -> None:

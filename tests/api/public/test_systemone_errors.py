@@ -35,6 +35,8 @@ BAD_BODIES = {
     "NaN": b'{"model":"nimble","state":NaN,"questions":{"q":{"type":"noul"}}}',
     "Infinity": b'{"model":"nimble","state":{"x":Infinity},"questions":{"q":{"type":"noul"}}}',
     "not utf-8": b'{"model":"nimble","state":"\xff","questions":{"q":{"type":"noul"}}}',
+    "lone surrogate": b'{"model":"nimble","state":"\\ud800","questions":{"q":{"type":"noul"}}}',
+    "lone surrogate in the model": b'{"model":"nimble\\udfff","state":"s","questions":{"q":{"type":"noul"}}}',
     "empty": b"",
 }
 
