@@ -10,6 +10,7 @@
     ├── Unsupported (405)             unsupported_error (a decision nobody here can answer)
     ├── MethodNotAllowed (405)        method_not_allowed, with Allow
     ├── TooLarge (413)                request_too_large
+    │   └── HeadersTooLarge (431)     request_too_large (the header section; the server answers it)
     ├── UnsupportedEncoding (415)     unsupported_error, with Accept-Encoding
     ├── RateLimited (429)             rate_limit_error, with Retry-After
     ├── UpstreamAuthFailed (500)      upstream_auth_error
@@ -95,6 +96,10 @@ class Conflict(ArbiterError):
 class TooLarge(ArbiterError):
     status = 413
     error_type = "request_too_large"
+
+
+class HeadersTooLarge(TooLarge):
+    status = 431
 
 
 class UnsupportedEncoding(ArbiterError):

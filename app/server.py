@@ -7,11 +7,13 @@ import contextlib
 import signal
 import threading
 from collections.abc import Generator
+from http import HTTPStatus
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.errors import ArbiterError, HeadersTooLarge, InvalidRequest
 from app.main import create_app
 from app.settings import Settings
 
@@ -103,12 +105,60 @@ class _CoalescingTransport:
         return getattr(self._transport, name)
 
 
+MAX_HEAD_BYTES = 64 * 1024
+
+
 class HttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, writing each whole response in one send (see above)."""
+    """uvicorn's httptools protocol, writing each whole response in one send (see above), with
+    a cap on a request's header section, and its own malformed-request answers in Arbiter's
+    JSON error shape.
+
+    httptools buffers a header line until it ends, however long: without a cap, one connection
+    sending an endless header grows the process without bound. Bytes are counted from the chunks
+    that arrive while a request's head is incomplete (the chunk that ends one request and starts
+    the next is not counted, so the cap may be passed by up to one read), and past
+    ``MAX_HEAD_BYTES`` the answer is 431 and the connection closes."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.transport = _CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
+        self._head_open = True
+        self._head_bytes = 0
+        self._heads = 0  # heads completed on this connection
+
+    def data_received(self, data: bytes) -> None:
+        counted = self._head_open
+        heads = self._heads
+        super().data_received(data)
+        if counted and self._heads == heads:  # the head that was open is open still
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                self._refuse(HeadersTooLarge(f"the request's header section is over the "
+                                             f"{MAX_HEAD_BYTES}-byte limit"))
+
+    def on_headers_complete(self) -> None:
+        self._head_open = False
+        self._head_bytes = 0
+        self._heads += 1
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head_open = True
+
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn's answer to a request it cannot parse (a malformed request line, a
+        # Content-Length that is not a number, ...), in the shape every client of Arbiter reads.
+        self._refuse(InvalidRequest(f"invalid HTTP request: {msg}"))
+
+    def _refuse(self, error: ArbiterError) -> None:
+        body = error.body()
+        head = [b"HTTP/1.1 %d %s\r\n" % (error.status, HTTPStatus(error.status).phrase.encode())]
+        head.extend(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers)
+        head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+                    % len(body))
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
 
     def on_response_complete(self) -> None:
         # The answer is whole: it goes out now, not after what the route does once it has
