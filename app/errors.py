@@ -2,7 +2,8 @@
 
     ArbiterError                      -> {"error": msg, "detail": {"error_type", "message"}}
     ├── InvalidRequest (400)          invalid_request_error
-    │   └── ValidationFailed (400)    detail is a list of {loc, msg, type}
+    │   ├── ValidationFailed (400)    detail is a list of {loc, msg, type}
+    │   └── RequestTimeout (408)      the request did not arrive whole in time (the server answers it)
     ├── AuthenticationFailed (401)    authentication_error, WWW-Authenticate: Bearer
     ├── PermissionDenied (403)        permission_error
     ├── NotFound (404)                not_found_error
@@ -58,6 +59,10 @@ class ValidationFailed(InvalidRequest):
 
     def detail(self) -> Any:
         return self.problems
+
+
+class RequestTimeout(InvalidRequest):
+    status = 408
 
 
 class AuthenticationFailed(ArbiterError):

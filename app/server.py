@@ -13,7 +13,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.errors import ArbiterError, HeadersTooLarge, InvalidRequest
+from app.errors import ArbiterError, HeadersTooLarge, InvalidRequest, RequestTimeout
 from app.main import create_app
 from app.settings import Settings
 
@@ -110,14 +110,25 @@ MAX_HEAD_BYTES = 64 * 1024
 
 class HttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, writing each whole response in one send (see above), with
-    a cap on a request's header section, and its own malformed-request answers in Arbiter's
-    JSON error shape.
+    two limits on what a client sends, and its own malformed-request answers in Arbiter's JSON
+    error shape.
 
-    httptools buffers a header line until it ends, however long: without a cap, one connection
-    sending an endless header grows the process without bound. Bytes are counted from the chunks
-    that arrive while a request's head is incomplete (the chunk that ends one request and starts
-    the next is not counted, so the cap may be passed by up to one read), and past
-    ``MAX_HEAD_BYTES`` the answer is 431 and the connection closes."""
+    - The header section: httptools buffers a header line until it ends, however long, so one
+      connection sending an endless header would grow the process without bound. Bytes are
+      counted from the chunks that arrive while a request's head is incomplete (the chunk that
+      ends one request and starts the next is not counted, so the cap may be passed by up to one
+      read); past ``MAX_HEAD_BYTES``: 431, and the connection closes.
+    - Time: a request must arrive whole (head and body) within ``client_timeout`` seconds of its
+      first byte, or it is answered 408 and the connection closes; a client trickling a byte now
+      and then (slowloris) would otherwise hold a connection, and a body's memory, for ever.
+      Idle keep-alive connections are uvicorn's ``timeout_keep_alive``. One timer a second per
+      process checks every connection (``_sweep``), so a request pays one clock read."""
+
+    client_timeout = 60.0
+
+    @classmethod
+    def configured(cls, settings: Settings) -> type[HttpProtocol]:
+        return type(cls.__name__, (cls,), {"client_timeout": settings.client_timeout})
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -125,8 +136,14 @@ class HttpProtocol(HttpToolsProtocol):
         self._head_open = True
         self._head_bytes = 0
         self._heads = 0  # heads completed on this connection
+        self.request_started: float | None = None  # loop time of the first byte of the request arriving
+        if not getattr(self.server_state, "arbiter_sweeping", False):
+            self.server_state.arbiter_sweeping = True  # type: ignore[attr-defined]
+            self.loop.call_later(1.0, _sweep, self.loop, self.connections)
 
     def data_received(self, data: bytes) -> None:
+        if self.request_started is None:
+            self.request_started = self.loop.time()
         counted = self._head_open
         heads = self._heads
         super().data_received(data)
@@ -145,6 +162,17 @@ class HttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._head_open = True
+        self.request_started = None
+
+    def time_out(self) -> None:
+        """The request did not arrive whole in time: 408 unless its answer has begun, then close."""
+        if self.transport.is_closing():
+            return
+        answering = not self._head_open and self.cycle is not None and self.cycle.response_started
+        if answering:  # the route answered before the body was whole (a 413, say): just close
+            self.transport.close()
+            return
+        self._refuse(RequestTimeout(f"the request did not arrive whole within {self.client_timeout:g}s"))
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn's answer to a request it cannot parse (a malformed request line, a
@@ -167,10 +195,20 @@ class HttpProtocol(HttpToolsProtocol):
         super().on_response_complete()
 
 
+def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+    """Once a second: time out the requests that have been arriving for too long."""
+    now = loop.time()
+    for connection in list(connections):
+        started = getattr(connection, "request_started", None)
+        if started is not None and now - started > connection.client_timeout:
+            connection.time_out()
+    loop.call_later(1.0, _sweep, loop, connections)
+
+
 def serve(settings: Settings) -> None:
     # log_config=None: uvicorn's loggers keep the JSON handler `configure` gave them (app/telemetry/logs.py)
     # instead of its own plain-text set-up. proxy_headers=False: the app applies them (see main.py).
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, loop="uvloop",
-                            http=HttpProtocol, lifespan="on", access_log=False, log_level="warning",
+                            http=HttpProtocol.configured(settings), lifespan="on", access_log=False, log_level="warning",
                             log_config=None, timeout_graceful_shutdown=30, proxy_headers=False)
     Server(config).run()

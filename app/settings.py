@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     )
     key_cache_ttl: float = Field(30.0, description="Seconds a resolved key stays cached.")
 
+    client_timeout: float = Field(
+        60.0, gt=0, description="Seconds a client may take to send one request, from its first byte to its "
+        "last (head and body); past it the answer is 408 and the connection closes."
+    )
+
     # Backends.
     backend_connect_timeout: float = Field(5.0, description="Seconds to connect to a backend.")
     backend_timeout: float = Field(

@@ -84,7 +84,7 @@ class Gateway:
         self.settings = settings = settings.model_copy(update={"port": self.port})
         self.app = create_app(settings, tracer_provider=tracer_provider)
         config = uvicorn.Config(self.app, lifespan="on", log_level="warning", access_log=False,
-                                loop="asyncio", http=HttpProtocol,  # what `arbiter serve` runs
+                                loop="asyncio", http=HttpProtocol.configured(settings),  # as `arbiter serve`
                                 proxy_headers=False)  # as there: the app applies them (app/main.py)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},

@@ -3,8 +3,13 @@ cannot parse. Raw sockets, since an HTTP client will not send such requests."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import time
+from typing import Any
+
+import pytest
 
 from app.server import MAX_HEAD_BYTES
 from tests.support import Stack, decision
@@ -68,3 +73,62 @@ def test_a_request_the_server_cannot_parse_is_400_in_arbiters_shape(stack: Stack
     error = json.loads(body)
     assert error["detail"]["error_type"] == "invalid_request_error"
     assert error["error"].startswith("invalid HTTP request")
+
+
+def read_all(sock: socket.socket) -> bytes:
+    answer = b""
+    while True:
+        try:
+            data = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            break
+        if not data:
+            break
+        answer += data
+    return answer
+
+
+@pytest.mark.parametrize("sent", [
+    b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nX-Slow: a",  # a head that never ends
+    (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+     b"Content-Length: 500\r\n\r\n{\"model\": "),  # a body that never ends
+])
+def test_a_request_that_does_not_arrive_in_time_is_408_and_closed(gateway_factory: Any, db: Any,
+                                                                   sent: bytes) -> None:
+    stack = Stack.provision(db)
+    stack.gateway = gateway = gateway_factory(client_timeout=1.5)
+    host, port = gateway.url.removeprefix("http://").split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(sent.replace(b"Host: x\r\n", b"Host: x\r\nAuthorization: Bearer "
+                                  + stack.project_key.encode() + b"\r\n"))
+        for _ in range(3):  # a byte now and then does not keep it alive
+            time.sleep(0.5)
+            with contextlib.suppress(OSError):
+                sock.sendall(b"a")
+        answer = read_all(sock)
+    waited = time.monotonic() - started
+    status, headers, body = split(answer)
+    assert status == 408 and headers["connection"] == "close"
+    assert json.loads(body)["error"] == "the request did not arrive whole within 1.5s"
+    assert 1.5 <= waited < 5
+    with gateway.client(stack.project_key) as client:  # the gateway goes on serving
+        assert client.get("/v1/models").status_code == 200
+
+
+def test_a_slow_client_within_the_time_is_served(gateway_factory: Any, db: Any,
+                                                 ollama: tuple[Any, Any]) -> None:
+    server, _state = ollama
+    stack = Stack.provision(db, ollama_url=server.url)
+    gateway = gateway_factory(client_timeout=3)
+    body = json.dumps(decision()).encode()
+    raw = (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + stack.project_key.encode()
+           + b"\r\nContent-Type: application/json\r\nConnection: close\r\n"
+           + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    host, port = gateway.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        for part in (raw[:40], raw[40:-10], raw[-10:]):  # in pieces over ~1 s
+            sock.sendall(part)
+            time.sleep(0.5)
+        status, _, answer = split(read_all(sock))
+    assert status == 200, answer[:300]
