@@ -112,8 +112,10 @@ class ChatForwarder:
             replica.in_flight += 1
             try:
                 stream = await replica.backend.open(replica.backend.route(api) or "", forwarded, options)
-            except BackendError as exc:
+            except BaseException as exc:  # a cancel too (the client hung up): the count is never left behind
                 replica.in_flight -= 1
+                if not isinstance(exc, BackendError):
+                    raise
                 self._router.take_out(replica)
                 last = (BackendFailed(504, f"model '{model}' did not answer within {replica.timeout:g}s")
                         if isinstance(exc, BackendTimeout)

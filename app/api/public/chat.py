@@ -1,12 +1,16 @@
 """POST /v1/chat/completions and POST /api/chat: forwarded to models with `completion`,
-streaming passed through chunk by chunk as it arrives (lean ASGI, like /v1/systemone)."""
+streaming passed through chunk by chunk as it arrives (lean ASGI, like /v1/systemone).
+
+A client that hangs up ends its request at once, wherever it is (waiting for the backend's
+head, its whole answer, or its next chunk): the backend's connection is closed, so it stops
+generating, and the replica's count and the concurrency slot are free again."""
 
 from __future__ import annotations
 
 import logging
 import time
 
-from app.api.asgi import Receive, Scope, Send, send_bytes, send_error
+from app.api.asgi import Receive, Scope, Send, send_bytes, send_error, unless_client_leaves
 from app.api.public.intake import take
 from app.chat.forward import ChatForwarder
 from app.decisions import jsonbody
@@ -44,7 +48,11 @@ class ChatRoute:
         record = intake.record(scope, "chat")
         self.touches.touch(principal.key_id)
         try:
-            await self._serve(send, api, intake.raw, intake.forward_headers, principal, record)
+            left = await unless_client_leaves(receive, send, lambda sending: self._serve(
+                sending, api, intake.raw, intake.forward_headers, principal, record))
+            if left:
+                record.status = record.status or 499  # nginx's "client closed request"
+                record.error_type = "client_closed"
         finally:
             record.seconds = time.perf_counter() - started
             self.observer.finish(record)

@@ -1,0 +1,148 @@
+"""Chat when something goes wrong (SPEC §1, §4): a client that hangs up, a backend that stalls
+or breaks mid-answer, replicas that fail. Over real HTTP, against a backend that notes what
+it saw of Arbiter's connection."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+from aiohttp import web
+
+from app.db.session import Database
+from infra_adapters.emulators.server import EmulatorServer
+from tests.support import Gateway, Stack, wait_for
+
+MODEL = "talk"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+class SlowChat:
+    """An Ollama that serves one chat model, slowly: ``head_delay`` before its answer's head, then
+    ``lines`` NDJSON lines (SSE events on /v1/chat/completions) ``delay`` apart, or with
+    ``"stream": false`` a JSON answer that stalls ``delay`` seconds halfway. It notes how many
+    pieces it wrote and whether Arbiter closed the connection before it was done."""
+
+    def __init__(self, *, lines: int = 40, delay: float = 0.1, head_delay: float = 0.0) -> None:
+        self.lines, self.delay, self.head_delay = lines, delay, head_delay
+        self.written = 0
+        self.hung_up: float | None = None  # when it saw Arbiter's connection close
+        self.finished = False
+
+    def app(self) -> web.Application:
+        async def version(_: web.Request) -> web.Response:
+            return web.json_response({"version": "0.35.0"})
+
+        async def tags(_: web.Request) -> web.Response:
+            return web.json_response({"models": [{"name": f"{MODEL}:latest", "model": f"{MODEL}:latest",
+                                                  "details": {}}]})
+
+        async def show(_: web.Request) -> web.Response:
+            return web.json_response({"capabilities": ["completion"]})
+
+        app = web.Application()
+        app.router.add_get("/api/version", version)
+        app.router.add_get("/api/tags", tags)
+        app.router.add_post("/api/show", show)
+        app.router.add_post("/api/chat", self._chat)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        return app
+
+    def _gone(self, request: web.Request) -> bool:
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            self.hung_up = self.hung_up or time.monotonic()
+            return True
+        return False
+
+    async def _pause(self, request: web.Request, seconds: float) -> bool:
+        """Sleep, watching the connection; False when Arbiter hung up meanwhile."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self._gone(request):
+                return False
+            await asyncio.sleep(0.01)
+        return not self._gone(request)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            return await self._answer(request)
+        except (ConnectionError, asyncio.CancelledError):  # aiohttp cancels a handler whose client left
+            self.hung_up = self.hung_up or time.monotonic()
+            raise
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        streamed = (await request.json()).get("stream", request.path == "/api/chat")
+        if not await self._pause(request, self.head_delay):
+            return web.Response()
+        response = web.StreamResponse()
+        response.content_type = "application/x-ndjson" if streamed else "application/json"
+        if request.path == "/v1/chat/completions" and streamed:
+            response.content_type = "text/event-stream"
+        await response.prepare(request)
+        if not streamed:
+            await response.write(b'{"model":"talk:latest",')
+            self.written += 1
+            if not await self._pause(request, self.delay):
+                return response
+            await response.write(b'"done":true}')
+        else:
+            for index in range(self.lines):
+                line = b'{"model":"talk:latest","n":%d,"done":false}\n' % index
+                await response.write(b"data: " + line + b"\n" if request.path.startswith("/v1") else line)
+                self.written += 1
+                if not await self._pause(request, self.delay):
+                    return response
+        await response.write_eof()
+        self.finished = True
+        return response
+
+
+@pytest.fixture
+def slow(db: Database, gateway_factory: Callable[..., Gateway]) -> Iterator[tuple[Stack, SlowChat]]:
+    backend = SlowChat()
+    with EmulatorServer(backend.app()) as server:
+        stack = Stack.provision(db, ollama_url=server.url)
+        stack.gateway = gateway_factory(max_concurrency=1)
+        yield stack, backend
+
+
+def in_flight(stack: Stack) -> int:
+    return sum(r.in_flight for e in stack.gateway.app.components.registry.entries() for r in e.replicas)
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
+def test_a_client_that_hangs_up_mid_stream_stops_the_backend(slow: tuple[Stack, SlowChat], path: str) -> None:
+    stack, backend = slow
+    with stack.client() as client:
+        with client.stream("POST", path, json={**CHAT, "stream": True}) as response:
+            assert response.status_code == 200
+            assert b'"n":0' in next(response.iter_raw())
+        left = time.monotonic()  # the response is closed unread: httpx drops the connection
+        wait_for(lambda: backend.hung_up, timeout=3)
+        assert backend.hung_up is not None and backend.hung_up - left < 1.0
+        assert not backend.finished and backend.written < backend.lines
+        wait_for(lambda: in_flight(stack) == 0, timeout=2)
+        # The concurrency cap (1 here) has its slot back: the next request is served, not shed.
+        backend.lines, backend.delay = 2, 0.0
+        assert client.post(path, json={**CHAT, "stream": True}).status_code == 200
+
+
+@pytest.mark.parametrize("waiting_for", ["the head", "the whole answer"])
+def test_a_client_that_hangs_up_while_arbiter_waits_frees_the_backend(slow: tuple[Stack, SlowChat],
+                                                                       waiting_for: str) -> None:
+    stack, backend = slow
+    if waiting_for == "the head":
+        backend.head_delay = 5.0
+    else:
+        backend.delay = 5.0  # the JSON answer stalls halfway
+    with stack.client() as client, pytest.raises(httpx.ReadTimeout):
+        client.post("/v1/chat/completions", json={**CHAT, "stream": False}, timeout=0.5)
+    left = time.monotonic()
+    wait_for(lambda: backend.hung_up, timeout=3)
+    assert backend.hung_up is not None and backend.hung_up - left < 1.0
+    assert not backend.finished
+    wait_for(lambda: in_flight(stack) == 0, timeout=2)
