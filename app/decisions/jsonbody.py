@@ -1,6 +1,10 @@
 """Parse a request body once, strictly; dump what is forwarded with exact numbers.
 
 - duplicate keys and NaN/Infinity are refused (400);
+- so is what parses but cannot be written back (a lone surrogate escape such as
+  ``"\\ud800"``, nesting past orjson's 255 levels): every body ``loads`` gives,
+  ``dumps`` can write, so forwarding it never fails half-way (after a replica
+  was picked);
 - floats, and integers too large for 64 bits, are kept as ``orjson.Fragment``
   holding their original text, so the forwarded body carries the caller's
   exact number, never a rounded re-encoding.
@@ -95,13 +99,15 @@ def _strict(body: bytes) -> Any:
     except UnicodeDecodeError as exc:
         raise _invalid(f"the body is not UTF-8 ({exc.reason} at byte {exc.start})") from exc
     try:
-        return _decoder.decode(text)
+        value = _decoder.decode(text)
     except _Refused as exc:
         raise _invalid(str(exc)) from exc
     except json.JSONDecodeError as exc:
         raise _invalid(f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     except RecursionError as exc:
         raise _invalid("the body nests too deeply") from exc
+    dumps(value)  # the fast path's values were written already; these may not be writable
+    return value
 
 
 def dumps(value: Any) -> bytes:
@@ -110,7 +116,8 @@ def dumps(value: Any) -> bytes:
         return orjson.dumps(value)
     except orjson.JSONEncodeError as exc:
         # Lone surrogates ("\ud800") parse but cannot be encoded as UTF-8.
-        raise _invalid(f"the body cannot be re-encoded: {exc}") from exc
+        raise _invalid(f"the body cannot be re-encoded (a lone surrogate escape such as \\ud800, or "
+                       f"nesting past 255 levels): {exc}") from exc
 
 
 def is_number(value: Any) -> bool:

@@ -12,7 +12,7 @@ import pytest
 
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState
-from tests.support import Stack, assert_error
+from tests.support import Stack, assert_error, wait_for
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 REPLY = "Echo: Hello there"
@@ -119,6 +119,20 @@ def test_key_allowlist_and_unknown_models(stack: Stack) -> None:
                 assert_error(refused, 401)
                 assert refused.headers["www-authenticate"] == "Bearer"
     assert not sent(stack, "/v1/chat/completions") and not sent(stack, "/api/chat")
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+def test_a_body_that_cannot_be_forwarded_is_400(stack: Stack, path: str) -> None:
+    """A lone surrogate escape parses, but is no character: no backend can be sent it."""
+    with stack.client() as client:
+        for _ in range(3):
+            error = assert_error(client.post(path, content=b'{"model":"llama3.2","messages":'
+                                                           b'[{"role":"user","content":"\\ud800"}]}'), 400)
+            assert "surrogate" in error["error"]
+        assert client.post(path, json=chat(stream=False)).status_code == 200
+    wait_for(lambda: [r.in_flight for e in stack.gateway.app.components.registry.entries()
+                      for r in e.replicas if e.public_name == "llama3.2"] == [0], timeout=2)
+    assert len(sent(stack, path)) == 1
 
 
 def test_a_backend_4xx_passes_through_unchanged(stack: Stack) -> None:

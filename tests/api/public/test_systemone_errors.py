@@ -36,6 +36,11 @@ BAD_BODIES = {
     "Infinity": b'{"model":"nimble","state":{"x":Infinity},"questions":{"q":{"type":"noul"}}}',
     "not utf-8": b'{"model":"nimble","state":"\xff","questions":{"q":{"type":"noul"}}}',
     "empty": b"",
+    # Parse, but cannot be written back for the backend (were 500s once a replica was picked).
+    "a lone surrogate": b'{"model":"nimble","state":"\\ud800","questions":{"q":{"type":"noul"}}}',
+    "a lone surrogate in a key": b'{"model":"nimble","state":"s","questions":{"q\\udc00":{"type":"noul"}}}',
+    "nesting past 255 levels": b'{"model":"nimble","state":' + b"[" * 300 + b"]" * 300
+                               + b',"questions":{"q":{"type":"noul"}}}',
 }
 
 
@@ -43,6 +48,7 @@ BAD_BODIES = {
 def test_unparseable_bodies_are_400(stack: Stack, name: str) -> None:
     body = assert_error(post(stack, BAD_BODIES[name]), 400)
     assert isinstance(body["detail"], list)
+    assert not [r for r in stack.ollama_state.requests if r.path == "/v1/systemone"]
 
 
 def _without(field: str) -> dict[str, Any]:
