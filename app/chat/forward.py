@@ -3,10 +3,12 @@ OpenAI's /v1/chat/completions and Ollama's /api/chat, streaming passed through a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from app.decisions.forward import rejected_credential, rewrite_model
+from app.decisions.schema import media_kind
 from app.errors import BackendFailed, InvalidRequest, UpstreamAuthFailed
 from app.services.registry import Registry, Replica
 from app.services.routing import ReplicaRouter
@@ -68,7 +70,10 @@ class ChatForwarder:
             raise InvalidRequest("model: field required (a non-empty string)")
         if principal is not None:
             principal.authorize(model)
-        if not self._settings.allow_remote_media_urls and _remote_media(body.get("messages")):
+        kinds = {media_kind(item) for item in _media_items(body.get("messages"))}
+        if "other" in kinds:
+            raise InvalidRequest("media in messages must be base64 or data: URLs; no other URL scheme is accepted")
+        if "remote" in kinds and not self._settings.allow_remote_media_urls:
             raise InvalidRequest("remote media URLs are not accepted in messages; send base64 or data: URLs "
                                  "(an admin can allow URLs with ARBITER_ALLOW_REMOTE_MEDIA_URLS)")
         entry = self._registry.find(model, principal.mesh_hops if principal is not None else 0, "chat")
@@ -138,11 +143,11 @@ class ChatForwarder:
                                  "try again shortly", retry_after=self._router.retry_after)
 
 
-def _remote_media(messages: Any) -> bool:
-    """An http(s) URL in a message's media (OpenAI image_url/video_url/audio parts, Ollama images):
-    a backend fetching it would be a server-side request forgery."""
+def _media_items(messages: Any) -> Iterator[str]:
+    """The media of messages (OpenAI image_url/video_url/audio parts, Ollama images): a backend
+    fetching a URL among them would be a server-side request forgery."""
     if not isinstance(messages, list):
-        return False
+        return
     for message in messages:
         if not isinstance(message, dict):
             continue
@@ -154,6 +159,4 @@ def _remote_media(messages: Any) -> bool:
                     for field in ("image_url", "video_url", "audio_url", "input_image", "file"):
                         value = part.get(field)
                         candidates.append(value.get("url") if isinstance(value, dict) else value)
-        if any(isinstance(c, str) and c[:8].lower().startswith(("http://", "https://")) for c in candidates):
-            return True
-    return False
+        yield from (c for c in candidates if isinstance(c, str))

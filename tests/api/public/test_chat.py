@@ -192,6 +192,40 @@ def test_remote_media_in_chat_messages_is_refused(stack: Stack) -> None:
     assert not [r for r in stack.ollama_state.requests if "chat" in r.path]
 
 
+# Read as a backend's URL parser reads them: leading controls and spaces skipped, then a scheme.
+HIDDEN_REMOTE = [" http://169.254.169.254/latest/meta-data/", "\thttp://169.254.169.254/",
+                 "\x00https://169.254.169.254/", "\r\n HTTP://169.254.169.254/", " " * 40 + "http://169.254.169.254/"]
+OTHER_SCHEMES = ["file:///etc/passwd", "ftp://169.254.169.254/x.png", "http:169.254.169.254",
+                 "ht\ttp://169.254.169.254/", " gopher://169.254.169.254/"]
+
+
+@pytest.mark.parametrize("url", HIDDEN_REMOTE + OTHER_SCHEMES)
+def test_media_urls_are_read_as_a_url_parser_reads_them(stack: Stack, gateway_factory: Any, url: str) -> None:
+    openai = {"model": "llama3.2", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]}
+    ollama = {"model": "llama3.2", "messages": [{"role": "user", "content": "hi", "images": [url]}]}
+    permissive = gateway_factory(allow_remote_media_urls=True)
+    for gateway in (stack.gateway, permissive):
+        with gateway.client(stack.project_key) as client:
+            answers = [client.post("/v1/chat/completions", json=openai), client.post("/api/chat", json=ollama)]
+        for answer in answers:
+            if url in OTHER_SCHEMES:  # never, whatever the setting
+                assert "no other URL scheme" in assert_error(answer, 400)["error"]
+            elif gateway is stack.gateway:
+                assert "remote media" in assert_error(answer, 400)["error"]
+    forwarded = [r for r in stack.ollama_state.requests if "chat" in r.path]
+    assert len(forwarded) == (0 if url in OTHER_SCHEMES else 2)  # only through the permissive gateway
+
+
+def test_base64_and_data_urls_in_chat_messages_are_forwarded(stack: Stack) -> None:
+    with stack.client() as client:
+        client.post("/v1/chat/completions", json={"model": "llama3.2", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]})
+        client.post("/api/chat", json={"model": "llama3.2", "messages": [
+            {"role": "user", "content": "hi", "images": ["iVBORw0KGgo=", "\niVBORw0KGgo=\n"]}]})
+    assert len(sent(stack, "/v1/chat/completions")) == len(sent(stack, "/api/chat")) == 1
+
+
 def test_chat_to_vllm_carries_the_projects_cache_salt(db: Any, vllm: Any, gateway_factory: Any) -> None:
     server, state = vllm
     built = Stack.provision(db, vllm_url=server.url)

@@ -150,6 +150,13 @@ def test_remote_media_urls_are_refused_unless_allowed(stack: Stack, gateway_fact
     assert len(sent) == 1 and sent[0].json["images"] == ["https://example.com/cat.png"]
 
 
+@pytest.mark.parametrize("url", [" " * 40 + "http://169.254.169.254/", "\t" * 40 + "file:///etc/passwd",
+                                 "\x00" * 40 + "ftp://169.254.169.254/"])
+def test_a_url_behind_leading_blanks_is_still_a_url(stack: Stack, url: str) -> None:
+    assert_error(post(stack, decision("clef", images=[url])), 400)
+    assert not [r for r in stack.ollama_state.requests if r.path == "/v1/systemone"]
+
+
 def test_a_model_without_the_decision_capability_is_400(stack: Stack) -> None:
     error = assert_error(post(stack, decision("llama3.2")), 400)
     assert "not a decision model" in error["error"]
