@@ -3,11 +3,11 @@ OpenAI's /v1/chat/completions and Ollama's /api/chat, streaming passed through a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from app.decisions.forward import rejected_credential, rewrite_model
+from app.decisions.forward import backend_failure, rejected_credential, rewrite_model
 from app.decisions.schema import media_kind
 from app.errors import BackendFailed, InvalidRequest, UpstreamAuthFailed
 from app.services.registry import Registry, Replica
@@ -16,7 +16,7 @@ from app.settings import Settings
 from app.tenancy.limits import RateLimiter, limits_of
 from app.tenancy.principal import Principal
 from app.tenancy.salts import TenantSalts
-from infra_adapters.base import BackendError, BackendTimeout, CallOptions, Stream
+from infra_adapters.base import BackendError, CallOptions, ReplyTooLarge, Stream
 
 _FAULT_STATUSES = frozenset({502, 503, 504})
 API_CAPABILITY = {"openai-chat": "completion", "ollama-chat": "completion", "embed": "embedding"}
@@ -24,11 +24,15 @@ API_CAPABILITY = {"openai-chat": "completion", "ollama-chat": "completion", "emb
 
 @dataclass
 class Answer:
-    """A backend's answer on its way to the caller; ``close()`` must be called."""
+    """A backend's answer on its way to the caller; ``close()`` must be called. A timeout or a
+    broken connection while it is read is a 504 or 502 (``BackendFailed``), and takes the
+    replica out as it would have before the answer began (SPEC §4)."""
 
     replica: Replica
     stream: Stream
+    model: str  # the public name the caller used
     max_bytes: int
+    router: ReplicaRouter
 
     @property
     def status(self) -> int:
@@ -42,14 +46,30 @@ class Answer:
     def is_json(self) -> bool:
         return self.content_type.split(";")[0].strip() == "application/json"
 
-    async def whole(self, public_name: str) -> bytes:
+    async def whole(self) -> bytes:
         """The whole answer; a JSON object's ``model`` becomes the public name."""
-        body = await self.stream.read(self.max_bytes)
-        return rewrite_model(body, self.replica.backend_name, public_name) if self.status == 200 else body
+        try:
+            body = await self.stream.read(self.max_bytes)
+        except BackendError as exc:
+            raise self._failed(exc) from exc
+        return rewrite_model(body, self.replica.backend_name, self.model) if self.status == 200 else body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The answer's chunks as they arrive."""
+        try:
+            async for chunk in self.stream.chunks():
+                yield chunk
+        except BackendError as exc:
+            raise self._failed(exc) from exc
 
     async def close(self) -> None:
         self.replica.in_flight -= 1
         await self.stream.close()
+
+    def _failed(self, exc: BackendError) -> BackendFailed:
+        if not isinstance(exc, ReplyTooLarge):
+            self.router.take_out(self.replica)
+        return backend_failure(self.model, self.replica, exc, self.max_bytes)
 
 
 class ChatForwarder:
@@ -101,6 +121,7 @@ class ChatForwarder:
                    headers: dict[str, str], principal: Principal | None = None) -> Answer:
         """Send to a replica; retried once elsewhere when it fails before answering."""
         model = body["model"]
+        cap = self._settings.max_response_bytes
         tried: set[int] = set()
         last: BackendFailed | None = None
         for _attempt in range(2):
@@ -110,8 +131,7 @@ class ChatForwarder:
             tried.add(id(replica))
             forwarded = dict(body)
             forwarded["model"] = replica.backend_name
-            options = CallOptions(timeout=replica.timeout, max_reply_bytes=self._settings.max_response_bytes,
-                                  headers=headers, streaming=True,
+            options = CallOptions(timeout=replica.timeout, max_reply_bytes=cap, headers=headers, streaming=True,
                                   tenant_salt=self._salts.of_caller(principal) if principal else None,
                                   mesh_hops=principal.mesh_hops if principal else 0)
             replica.in_flight += 1
@@ -122,12 +142,10 @@ class ChatForwarder:
                 if not isinstance(exc, BackendError):
                     raise
                 self._router.take_out(replica)
-                last = (BackendFailed(504, f"model '{model}' did not answer within {replica.timeout:g}s")
-                        if isinstance(exc, BackendTimeout)
-                        else BackendFailed(502, f"the backend of model '{model}' could not be reached"))
+                last = backend_failure(model, replica, exc, cap)
                 last.__cause__ = exc
                 continue
-            answer = Answer(replica, stream, self._settings.max_response_bytes)
+            answer = Answer(replica, stream, model, cap, self._router)
             if stream.status in (401, 403) and replica.backend.has_credential:
                 await answer.close()
                 raise UpstreamAuthFailed(rejected_credential(replica))

@@ -22,7 +22,6 @@ from app.telemetry.record import RequestRecord
 from app.tenancy.keycache import KeyCache
 from app.tenancy.principal import Principal
 from app.tenancy.touches import KeyTouches
-from infra_adapters.base import BackendError
 
 log = logging.getLogger("arbiter.chat")
 PATHS = {"/v1/chat/completions": "openai-chat", "/api/chat": "ollama-chat"}
@@ -78,11 +77,10 @@ class ChatRoute:
         try:
             if answer.is_json or answer.status != 200:
                 try:
-                    payload = await answer.whole(body["model"])
-                except BackendError as exc:
-                    record.status, record.error_type = 502, "backend_error"
-                    await send_error(send, BackendFailed(502, f"the backend of model '{record.model}' broke "
-                                                              f"the connection ({type(exc).__name__})"))
+                    payload = await answer.whole()
+                except BackendFailed as error:
+                    record.status, record.error_type = error.status, error.error_type
+                    await send_error(send, error)
                     return
                 retry_after = answer.stream.retry_after if answer.status != 200 else None
                 await send_bytes(send, answer.status, payload, answer.content_type,
@@ -92,12 +90,12 @@ class ChatRoute:
                         "headers": [(b"content-type", answer.content_type.encode("latin-1")),
                                     (b"cache-control", b"no-cache")]})
             try:
-                async for chunk in answer.stream.chunks():
+                async for chunk in answer.chunks():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except BackendError as exc:
+            except BackendFailed as error:
                 # Bytes are out already: the status cannot change. End without the final chunk,
                 # so the client sees a broken stream rather than a complete one.
-                log.warning("chat stream from %s broke: %s", answer.replica.service_name, exc)
+                log.warning("chat stream from %s broke: %s", answer.replica.service_name, error.message)
                 return
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -14,7 +15,7 @@ from aiohttp import web
 
 from app.db.session import Database
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import Gateway, Stack, wait_for
+from tests.support import Gateway, Stack, assert_error, wait_for
 
 MODEL = "talk"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -146,3 +147,75 @@ def test_a_client_that_hangs_up_while_arbiter_waits_frees_the_backend(slow: tupl
     assert backend.hung_up is not None and backend.hung_up - left < 1.0
     assert not backend.finished
     wait_for(lambda: in_flight(stack) == 0, timeout=2)
+
+
+# -- a backend that fails mid-answer ------------------------------------------------------------
+
+
+def chat(stream: bool) -> dict[str, Any]:
+    return {"model": "llama3.2", "messages": [{"role": "user", "content": "hello there, my friend"}],
+            "stream": stream}
+
+
+def backed_off(stack: Stack, body: dict[str, Any] | None = None) -> bool:
+    """The one replica is out: the next request is Arbiter's 503 with Retry-After (SPEC §4)."""
+    with stack.client() as client:
+        response = client.post("/v1/chat/completions", json=body or chat(False))
+    if response.status_code == 200:
+        return False
+    assert "down or backed off" in assert_error(response, 503)["error"] and response.headers["retry-after"]
+    return True
+
+
+def test_a_backend_that_stalls_mid_answer_is_504_and_backed_off(db: Database, gateway_factory: Callable[..., Gateway]) -> None:
+    backend = SlowChat(delay=3.0)
+    with EmulatorServer(backend.app()) as server:
+        stack = Stack.provision(db, ollama_url=server.url)
+        stack.gateway = gateway_factory(backend_timeout=0.5, replica_backoff=30)
+        with stack.client() as client:
+            started = time.monotonic()
+            response = client.post("/v1/chat/completions", json={**CHAT, "stream": False})
+        assert time.monotonic() - started < 2.0
+        assert "did not answer within 0.5s" in assert_error(response, 504)["error"]
+        assert backed_off(stack, {**CHAT, "stream": False})
+
+
+def test_a_broken_answer_is_502_and_backed_off(stack: Stack, gateway_factory: Callable[..., Gateway]) -> None:
+    stack.gateway = gateway_factory(replica_backoff=30)
+    stack.ollama_state.faults.reset_mid_body = True
+    with stack.client() as client:
+        response = client.post("/v1/chat/completions", json=chat(False))
+    assert "broke the connection" in assert_error(response, 502)["error"]
+    stack.ollama_state.faults.reset()
+    assert backed_off(stack)
+
+
+@pytest.mark.parametrize("fault", ["reset_mid_body", "silence"])
+def test_a_stream_that_breaks_ends_unfinished_and_backs_the_replica_off(
+        stack: Stack, gateway_factory: Callable[..., Gateway], fault: str) -> None:
+    stack.gateway = gateway_factory(replica_backoff=30, backend_timeout=0.5)
+    if fault == "reset_mid_body":
+        stack.ollama_state.faults.reset_mid_body = True
+    else:
+        stack.ollama_state.stream_delay = 2.0  # a silence longer than the timeout between chunks
+    got = b""
+    with stack.client() as client, client.stream("POST", "/api/chat", json=chat(True)) as response:
+        assert response.status_code == 200
+        with pytest.raises(httpx.RemoteProtocolError):  # no final chunk: a broken stream, not a whole one
+            for chunk in response.iter_raw():
+                got += chunk
+    assert got and b'"done":true' not in got
+    stack.ollama_state.faults.reset()
+    stack.ollama_state.stream_delay = 0.0
+    assert backed_off(stack)
+
+
+def test_an_answer_over_the_response_cap_is_502_and_the_replica_stays_in(
+        stack: Stack, gateway_factory: Callable[..., Gateway]) -> None:
+    stack.gateway = gateway_factory(max_response_bytes=64 * 1024, replica_backoff=30)
+    stack.ollama_state.faults.huge_body_bytes = 1024 * 1024
+    with stack.client() as client:
+        response = client.post("/v1/chat/completions", json=chat(False))
+    assert "65536-byte response cap" in assert_error(response, 502)["error"]
+    stack.ollama_state.faults.reset()
+    assert not backed_off(stack)  # the answer was too big, the replica is fine
