@@ -119,16 +119,13 @@ class ChatForwarder:
 
     async def open(self, replicas: list[Replica], body: dict[str, Any], api: str,
                    headers: dict[str, str], principal: Principal | None = None) -> Answer:
-        """Send to a replica; retried once elsewhere when it fails before answering."""
+        """Send to a replica; retried once elsewhere when it fails before answering (SPEC §4). The
+        last replica's own 502/503/504 comes back as it came."""
         model = body["model"]
         cap = self._settings.max_response_bytes
-        tried: set[int] = set()
-        last: BackendFailed | None = None
-        for _attempt in range(2):
-            replica = self._router.pick(replicas, tried)
-            if replica is None:
-                break
-            tried.add(id(replica))
+        attempts = self._router.attempts(replicas)
+        failed: BackendFailed | None = None
+        for replica in attempts:
             forwarded = dict(body)
             forwarded["model"] = replica.backend_name
             options = CallOptions(timeout=replica.timeout, max_reply_bytes=cap, headers=headers, streaming=True,
@@ -142,8 +139,8 @@ class ChatForwarder:
                 if not isinstance(exc, BackendError):
                     raise
                 self._router.take_out(replica)
-                last = backend_failure(model, replica, exc, cap)
-                last.__cause__ = exc
+                failed = backend_failure(model, replica, exc, cap)
+                failed.__cause__ = exc
                 continue
             answer = Answer(replica, stream, model, cap, self._router)
             if stream.status in (401, 403) and replica.backend.has_credential:
@@ -151,14 +148,13 @@ class ChatForwarder:
                 raise UpstreamAuthFailed(rejected_credential(replica))
             if stream.status in _FAULT_STATUSES:
                 self._router.take_out(replica)
-                if self._router.pick(replicas, tried) is not None:
+                if attempts.another():
                     await answer.close()  # nothing sent yet: try another replica
                     continue
             return answer
-        if last is not None:
-            raise last
-        raise BackendFailed(503, f"every backend that serves model '{model}' is down or backed off; "
-                                 "try again shortly", retry_after=self._router.retry_after)
+        if failed is not None:
+            raise failed
+        raise attempts.none_left(model)
 
 
 def _media_items(messages: Any) -> Iterator[str]:

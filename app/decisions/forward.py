@@ -122,30 +122,22 @@ class Forwarder:
 
     async def _call(self, model: str, replicas: list[Replica], body: dict[str, Any],
                     options: CallOptions) -> Outcome:
-        tried: set[int] = set()
+        attempts = self._router.attempts(replicas)
         last_error: ArbiterError | None = None
         last_reply: Outcome | None = None
-        for _attempt in range(2):  # one retry on another replica
-            replica = self._router.pick(replicas, tried)
-            if replica is None:
-                break
-            tried.add(id(replica))
+        for replica in attempts:
             try:
                 return await self._call_one(model, replica, body, options)
             except _ReplicaFault as fault:
                 if fault.backoff:
                     self._router.take_out(replica)
                 last_error = fault.error
-                if fault.reply is not None and not self._router.pick(replicas, tried):
-                    # Nowhere else to go: the backend's own 5xx passes through.
-                    return fault.reply
                 last_reply = fault.reply or last_reply
         if last_reply is not None:  # a backend's own 5xx beats a generic error of ours
             return last_reply
         if last_error is not None:
             raise last_error
-        raise BackendFailed(503, f"every backend that serves model '{model}' is down or backed off; "
-                                 "try again shortly", retry_after=self._router.retry_after)
+        raise attempts.none_left(model)
 
     async def _call_one(self, model: str, replica: Replica, body: dict[str, Any],
                         options: CallOptions) -> Outcome:

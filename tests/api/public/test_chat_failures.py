@@ -14,8 +14,12 @@ import pytest
 from aiohttp import web
 
 from app.db.session import Database
+from app.services import service as services
+from app.settings import Settings
+from app.tenancy.service import CLI
+from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import Gateway, Stack, assert_error, wait_for
+from tests.support import Gateway, Stack, assert_error, decision, wait_for
 
 MODEL = "talk"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -219,3 +223,36 @@ def test_an_answer_over_the_response_cap_is_502_and_the_replica_stays_in(
     assert "65536-byte response cap" in assert_error(response, 502)["error"]
     stack.ollama_state.faults.reset()
     assert not backed_off(stack)  # the answer was too big, the replica is fine
+
+
+# -- several replicas ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def three(stack: Stack) -> Iterator[tuple[Stack, list[OllamaState]]]:
+    """Three Ollamas serving the same models, each answering its own 503."""
+    states = [stack.ollama_state, OllamaState(), OllamaState()]
+    servers = [EmulatorServer(make_ollama_app(state)).start() for state in states[1:]]
+    try:
+        with stack.db.session() as session:
+            for index, server in enumerate(servers, start=1):
+                services.add_service(session, Settings(database_url=stack.db.url), CLI, type="ollama-external",
+                                     url=server.url, name=f"ollama-{index}")
+        wait_for(lambda: {len(e.replicas) for e in stack.gateway.app.components.registry.entries()} == {3})
+        for index, state in enumerate(states):
+            state.faults.status, state.faults.body = 503, b'{"error":"replica %d is overloaded"}' % index
+        yield stack, states
+    finally:
+        for server in servers:
+            server.stop()
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat", "/v1/systemone"])
+def test_the_last_replicas_own_503_passes_through(three: tuple[Stack, list[OllamaState]], path: str) -> None:
+    stack, states = three
+    body = decision() if path == "/v1/systemone" else chat(False)
+    with stack.client() as client:
+        response = client.post(path, json=body)
+    assert response.status_code == 503, response.text
+    assert b"is overloaded" in response.content  # the backend's own answer, not Arbiter's
+    assert sorted(state.faults.applied for state in states) == [0, 1, 1]  # tried once, retried once
