@@ -50,7 +50,7 @@ class ChatRoute:
             left = await unless_client_leaves(receive, send, lambda sending: self._serve(
                 sending, api, intake.raw, intake.forward_headers, principal, record))
             if left:
-                record.status = record.status or 499  # nginx's "client closed request"
+                record.status = record.status or 499  # nothing sent yet: nginx's "client closed request"
                 record.error_type = "client_closed"
         finally:
             record.seconds = time.perf_counter() - started
@@ -73,7 +73,7 @@ class ChatRoute:
             record.status, record.error_type = 500, "internal_error"
             await send_error(send, ArbiterError("internal error; the request id is in X-Request-Id"))
             return
-        record.status, record.provider = answer.status, answer.replica.provider
+        record.provider = answer.replica.provider
         try:
             if answer.is_json or answer.status != 200:
                 try:
@@ -82,10 +82,12 @@ class ChatRoute:
                     record.status, record.error_type = error.status, error.error_type
                     await send_error(send, error)
                     return
+                record.status = answer.status
                 retry_after = answer.stream.retry_after if answer.status != 200 else None
                 await send_bytes(send, answer.status, payload, answer.content_type,
                                  None if retry_after is None else {"Retry-After": retry_after})
                 return
+            record.status = answer.status
             await send({"type": "http.response.start", "status": answer.status,
                         "headers": [(b"content-type", answer.content_type.encode("latin-1")),
                                     (b"cache-control", b"no-cache")]})

@@ -119,6 +119,13 @@ def in_flight(stack: Stack) -> int:
     return sum(r.in_flight for e in stack.gateway.app.components.registry.entries() for r in e.replicas)
 
 
+def recorded_status(stack: Stack) -> int:
+    """The status the usage record of the latest chat request holds (once it is written)."""
+    with stack.client("admin") as admin:
+        chats = [r for r in admin.get("/admin/usage/recent").json()["data"] if r["operation"] == "chat"]
+    return int(chats[0]["status"]) if chats else 0
+
+
 @pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
 def test_a_client_that_hangs_up_mid_stream_stops_the_backend(slow: tuple[Stack, SlowChat], path: str) -> None:
     stack, backend = slow
@@ -131,6 +138,7 @@ def test_a_client_that_hangs_up_mid_stream_stops_the_backend(slow: tuple[Stack, 
         assert backend.hung_up is not None and backend.hung_up - left < 1.0
         assert not backend.finished and backend.written < backend.lines
         wait_for(lambda: in_flight(stack) == 0, timeout=2)
+        assert wait_for(lambda: recorded_status(stack)) == 200  # the answer had begun
         # The concurrency cap (1 here) has its slot back: the next request is served, not shed.
         backend.lines, backend.delay = 2, 0.0
         assert client.post(path, json={**CHAT, "stream": True}).status_code == 200
@@ -151,6 +159,7 @@ def test_a_client_that_hangs_up_while_arbiter_waits_frees_the_backend(slow: tupl
     assert backend.hung_up is not None and backend.hung_up - left < 1.0
     assert not backend.finished
     wait_for(lambda: in_flight(stack) == 0, timeout=2)
+    assert wait_for(lambda: recorded_status(stack)) == 499  # nothing was sent: "client closed request"
 
 
 # -- a backend that fails mid-answer ------------------------------------------------------------
