@@ -75,7 +75,7 @@ class Components:
         """Migrate (when configured) or refuse an unmigrated database; bootstrap the admin key."""
         if self.settings.auto_migrate:
             migrate.upgrade(self.settings.database_url)
-        migrate.check_current(self.database.engine, self.settings.database_url)
+        migrate.check_current(self.database.engine)
         if self.settings.bootstrap_admin_key is not None:
             with self.database.session() as session:
                 if tenancy.ensure_bootstrap_admin_key(

@@ -106,7 +106,9 @@ class LocalLlamaBackend:
 
     def list_models(self) -> list[RemoteModel]:
         path = model_file(self.url)
-        return [RemoteModel(model_name(path), frozenset({"completion"}), {"file": str(path)})]
+        # No `completion`: this runtime serves no chat (``route`` is None for every API). Its model
+        # answers decisions by label reading, which gives it `decision` (app/services/registry.py).
+        return [RemoteModel(model_name(path), frozenset(), {"file": str(path)})]
 
     # -- the Backend protocol: decisions come through label reading only --------------
 

@@ -3,10 +3,12 @@ OpenAI's /v1/chat/completions and Ollama's /api/chat, streaming passed through a
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from app.decisions.forward import rejected_credential, rewrite_model
+from app.decisions.forward import backend_failure, rejected_credential, rewrite_model
+from app.decisions.schema import media_kind
 from app.errors import BackendFailed, InvalidRequest, UpstreamAuthFailed
 from app.services.registry import Registry, Replica
 from app.services.routing import ReplicaRouter
@@ -14,19 +16,25 @@ from app.settings import Settings
 from app.tenancy.limits import RateLimiter, limits_of
 from app.tenancy.principal import Principal
 from app.tenancy.salts import TenantSalts
-from infra_adapters.base import BackendError, BackendTimeout, CallOptions, Stream
+from infra_adapters.base import BackendError, CallOptions, ReplyTooLarge, Stream
 
 _FAULT_STATUSES = frozenset({502, 503, 504})
 API_CAPABILITY = {"openai-chat": "completion", "ollama-chat": "completion", "embed": "embedding"}
+CHAT_PATHS = {"openai-chat": "/v1/chat/completions", "ollama-chat": "/api/chat"}
+_CHAT_NAMES = {"openai-chat": "OpenAI's /v1/chat/completions", "ollama-chat": "Ollama's /api/chat"}
 
 
 @dataclass
 class Answer:
-    """A backend's answer on its way to the caller; ``close()`` must be called."""
+    """A backend's answer on its way to the caller; ``close()`` must be called. A timeout or a
+    broken connection while it is read is a 504 or 502 (``BackendFailed``), and takes the
+    replica out as it would have before the answer began (SPEC §4)."""
 
     replica: Replica
     stream: Stream
+    model: str  # the public name the caller used
     max_bytes: int
+    router: ReplicaRouter
 
     @property
     def status(self) -> int:
@@ -40,14 +48,30 @@ class Answer:
     def is_json(self) -> bool:
         return self.content_type.split(";")[0].strip() == "application/json"
 
-    async def whole(self, public_name: str) -> bytes:
+    async def whole(self) -> bytes:
         """The whole answer; a JSON object's ``model`` becomes the public name."""
-        body = await self.stream.read(self.max_bytes)
-        return rewrite_model(body, self.replica.backend_name, public_name) if self.status == 200 else body
+        try:
+            body = await self.stream.read(self.max_bytes)
+        except BackendError as exc:
+            raise self._failed(exc) from exc
+        return rewrite_model(body, self.replica.backend_name, self.model) if self.status == 200 else body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The answer's chunks as they arrive."""
+        try:
+            async for chunk in self.stream.chunks():
+                yield chunk
+        except BackendError as exc:
+            raise self._failed(exc) from exc
 
     async def close(self) -> None:
         self.replica.in_flight -= 1
         await self.stream.close()
+
+    def _failed(self, exc: BackendError) -> BackendFailed:
+        if not isinstance(exc, ReplyTooLarge):
+            self.router.take_out(self.replica)
+        return backend_failure(self.model, self.replica, exc, self.max_bytes)
 
 
 class ChatForwarder:
@@ -68,7 +92,10 @@ class ChatForwarder:
             raise InvalidRequest("model: field required (a non-empty string)")
         if principal is not None:
             principal.authorize(model)
-        if not self._settings.allow_remote_media_urls and _remote_media(body.get("messages")):
+        kinds = {media_kind(item) for item in _media_items(body.get("messages"))}
+        if "other" in kinds:
+            raise InvalidRequest("media in messages must be base64 or data: URLs; no other URL scheme is accepted")
+        if "remote" in kinds and not self._settings.allow_remote_media_urls:
             raise InvalidRequest("remote media URLs are not accepted in messages; send base64 or data: URLs "
                                  "(an admin can allow URLs with ARBITER_ALLOW_REMOTE_MEDIA_URLS)")
         entry = self._registry.find(model, principal.mesh_hops if principal is not None else 0, "chat")
@@ -80,11 +107,10 @@ class ChatForwarder:
                                      "decision endpoints (/v1/systemone)" if "decision" in entry.capabilities
                                      else f"model '{model}' has no completion capability")
             raise InvalidRequest(f"model '{model}' has no {needed} capability")
-        replicas = [r for r in replicas if r.backend.route(api)]
-        if not replicas:
-            raise InvalidRequest(f"model '{model}' is served by a backend that does not speak Ollama's "
-                                 "/api/chat; use /v1/chat/completions")
-        return replicas
+        speaking = [r for r in replicas if r.backend.route(api)]
+        if not speaking:
+            raise InvalidRequest(_unspoken(model, api, replicas))
+        return speaking
 
     async def admit(self, principal: Principal) -> None:
         """Request limits apply to chat too (its tokens are not charged: streams carry no usage)."""
@@ -94,53 +120,59 @@ class ChatForwarder:
 
     async def open(self, replicas: list[Replica], body: dict[str, Any], api: str,
                    headers: dict[str, str], principal: Principal | None = None) -> Answer:
-        """Send to a replica; retried once elsewhere when it fails before answering."""
+        """Send to a replica; retried once elsewhere when it fails before answering (SPEC §4). The
+        last replica's own 502/503/504 comes back as it came."""
         model = body["model"]
-        tried: set[int] = set()
-        last: BackendFailed | None = None
-        for _attempt in range(2):
-            replica = self._router.pick(replicas, tried)
-            if replica is None:
-                break
-            tried.add(id(replica))
+        cap = self._settings.max_response_bytes
+        attempts = self._router.attempts(replicas)
+        failed: BackendFailed | None = None
+        for replica in attempts:
             forwarded = dict(body)
             forwarded["model"] = replica.backend_name
-            options = CallOptions(timeout=replica.timeout, max_reply_bytes=self._settings.max_response_bytes,
-                                  headers=headers, streaming=True,
+            options = CallOptions(timeout=replica.timeout, max_reply_bytes=cap, headers=headers, streaming=True,
                                   tenant_salt=self._salts.of_caller(principal) if principal else None,
                                   mesh_hops=principal.mesh_hops if principal else 0)
             replica.in_flight += 1
             try:
                 stream = await replica.backend.open(replica.backend.route(api) or "", forwarded, options)
-            except BackendError as exc:
+            except BaseException as exc:  # a cancel too (the client hung up): the count is never left behind
                 replica.in_flight -= 1
+                if not isinstance(exc, BackendError):
+                    raise
                 self._router.take_out(replica)
-                last = (BackendFailed(504, f"model '{model}' did not answer within {replica.timeout:g}s")
-                        if isinstance(exc, BackendTimeout)
-                        else BackendFailed(502, f"the backend of model '{model}' could not be reached"))
-                last.__cause__ = exc
+                failed = backend_failure(model, replica, exc, cap)
+                failed.__cause__ = exc
                 continue
-            answer = Answer(replica, stream, self._settings.max_response_bytes)
+            answer = Answer(replica, stream, model, cap, self._router)
             if stream.status in (401, 403) and replica.backend.has_credential:
                 await answer.close()
                 raise UpstreamAuthFailed(rejected_credential(replica))
             if stream.status in _FAULT_STATUSES:
                 self._router.take_out(replica)
-                if self._router.pick(replicas, tried) is not None:
+                if attempts.another():
                     await answer.close()  # nothing sent yet: try another replica
                     continue
             return answer
-        if last is not None:
-            raise last
-        raise BackendFailed(503, f"every backend that serves model '{model}' is down or backed off; "
-                                 "try again shortly", retry_after=self._router.retry_after)
+        if failed is not None:
+            raise failed
+        raise attempts.none_left(model)
 
 
-def _remote_media(messages: Any) -> bool:
-    """An http(s) URL in a message's media (OpenAI image_url/video_url/audio parts, Ollama images):
-    a backend fetching it would be a server-side request forgery."""
+def _unspoken(model: str, api: str, replicas: list[Replica]) -> str:
+    """Why no replica of the model takes ``api``, naming the chat route that would work."""
+    if api not in CHAT_PATHS:
+        return f"model '{model}' is served by a backend that serves no embeddings API"
+    for other, path in CHAT_PATHS.items():
+        if other != api and any(r.backend.route(other) for r in replicas):
+            return f"model '{model}' is served by a backend that does not speak {_CHAT_NAMES[api]}; use {path}"
+    return f"model '{model}' is served by a backend that serves no chat API"
+
+
+def _media_items(messages: Any) -> Iterator[str]:
+    """The media of messages (OpenAI image_url/video_url/audio parts, Ollama images): a backend
+    fetching a URL among them would be a server-side request forgery."""
     if not isinstance(messages, list):
-        return False
+        return
     for message in messages:
         if not isinstance(message, dict):
             continue
@@ -152,6 +184,4 @@ def _remote_media(messages: Any) -> bool:
                     for field in ("image_url", "video_url", "audio_url", "input_image", "file"):
                         value = part.get(field)
                         candidates.append(value.get("url") if isinstance(value, dict) else value)
-        if any(isinstance(c, str) and c[:8].lower().startswith(("http://", "https://")) for c in candidates):
-            return True
-    return False
+        yield from (c for c in candidates if isinstance(c, str))

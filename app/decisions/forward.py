@@ -33,6 +33,7 @@ from app.tenancy.salts import TenantSalts
 from infra_adapters.base import (
     BackendError,
     BackendTimeout,
+    BackendUnreachable,
     CallOptions,
     Reply,
     ReplyTooLarge,
@@ -121,30 +122,22 @@ class Forwarder:
 
     async def _call(self, model: str, replicas: list[Replica], body: dict[str, Any],
                     options: CallOptions) -> Outcome:
-        tried: set[int] = set()
+        attempts = self._router.attempts(replicas)
         last_error: ArbiterError | None = None
         last_reply: Outcome | None = None
-        for _attempt in range(2):  # one retry on another replica
-            replica = self._router.pick(replicas, tried)
-            if replica is None:
-                break
-            tried.add(id(replica))
+        for replica in attempts:
             try:
                 return await self._call_one(model, replica, body, options)
             except _ReplicaFault as fault:
                 if fault.backoff:
                     self._router.take_out(replica)
                 last_error = fault.error
-                if fault.reply is not None and not self._router.pick(replicas, tried):
-                    # Nowhere else to go: the backend's own 5xx passes through.
-                    return fault.reply
                 last_reply = fault.reply or last_reply
         if last_reply is not None:  # a backend's own 5xx beats a generic error of ours
             return last_reply
         if last_error is not None:
             raise last_error
-        raise BackendFailed(503, f"every backend that serves model '{model}' is down or backed off; "
-                                 "try again shortly", retry_after=self._router.retry_after)
+        raise attempts.none_left(model)
 
     async def _call_one(self, model: str, replica: Replica, body: dict[str, Any],
                         options: CallOptions) -> Outcome:
@@ -179,15 +172,11 @@ class Forwarder:
         started = time.perf_counter()
         try:
             reply = await self._send(replica, forwarded, call)
-        except BackendTimeout as exc:
-            raise _ReplicaFault(BackendFailed(504, f"model '{model}' did not answer within "
-                                                   f"{replica.timeout:g}s")) from exc
-        except ReplyTooLarge as exc:
-            raise BackendFailed(502, f"model '{model}' answered more than the "
-                                     f"{call.max_reply_bytes}-byte response cap") from exc
         except BackendError as exc:
-            raise _ReplicaFault(BackendFailed(502, f"the backend of model '{model}' could not be "
-                                                   f"reached or broke the connection")) from exc
+            error = backend_failure(model, replica, exc, call.max_reply_bytes)
+            if isinstance(exc, ReplyTooLarge):  # about this answer, not the replica
+                raise error from exc
+            raise _ReplicaFault(error) from exc
         finally:
             replica.in_flight -= 1
         return self._outcome(model, replica, reply, time.perf_counter() - started)
@@ -236,6 +225,19 @@ class _ReplicaFault(Exception):
         self.error = error
         self.reply = reply
         self.backoff = backoff  # False: try another replica, but this one is not sick
+
+
+def backend_failure(model: str, replica: Replica, exc: BackendError, max_reply_bytes: int) -> BackendFailed:
+    """What a backend's failure to answer is for the caller (SPEC §1): 504 when it did not answer
+    within the model's timeout, 502 when it could not be reached, broke the connection, or
+    answered past the response cap. All but the last take the replica out (SPEC §4)."""
+    if isinstance(exc, BackendTimeout):
+        return BackendFailed(504, f"model '{model}' did not answer within {replica.timeout:g}s")
+    if isinstance(exc, ReplyTooLarge):
+        return BackendFailed(502, f"model '{model}' answered more than the {max_reply_bytes}-byte response cap")
+    if isinstance(exc, BackendUnreachable):
+        return BackendFailed(502, f"the backend of model '{model}' could not be reached")
+    return BackendFailed(502, f"the backend of model '{model}' broke the connection")
 
 
 def rejected_credential(replica: Replica) -> str:

@@ -1,6 +1,10 @@
 """Parse a request body once, strictly; dump what is forwarded with exact numbers.
 
 - duplicate keys and NaN/Infinity are refused (400);
+- so is what parses but cannot be written back (a lone surrogate escape such as
+  ``"\\ud800"``, nesting past orjson's 255 levels): every body ``loads`` gives,
+  ``dumps`` can write, so forwarding it never fails half-way (after a replica
+  was picked);
 - floats, and integers too large for 64 bits, are kept as ``orjson.Fragment``
   holding their original text, so the forwarded body carries the caller's
   exact number, never a rounded re-encoding.
@@ -102,12 +106,7 @@ def _strict(body: bytes) -> Any:
         raise _invalid(f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
     except RecursionError as exc:
         raise _invalid("the body nests too deeply") from exc
-    if b"\\ud" in body or b"\\uD" in body:  # an escaped surrogate: fine in a pair, not alone
-        try:
-            orjson.dumps(value)
-        except orjson.JSONEncodeError as exc:  # a lone one is not text: it cannot go on as UTF-8
-            raise _invalid("the body holds a lone surrogate escape (such as \\ud800), which is "
-                           "not a character") from exc
+    dumps(value)  # the fast path's values were written already; these may not be writable
     return value
 
 
@@ -117,9 +116,8 @@ def dumps(value: Any) -> bytes:
         return orjson.dumps(value)
     except orjson.JSONEncodeError as exc:
         # Lone surrogates ("\ud800") parse but cannot be encoded as UTF-8.
-        raise _invalid(f"the body cannot be re-encoded: {exc}") from exc
-    except RecursionError as exc:  # nesting past orjson's limit
-        raise _invalid("the body nests too deeply") from exc
+        raise _invalid(f"the body cannot be re-encoded (a lone surrogate escape such as \\ud800, or "
+                       f"nesting past 255 levels): {exc}") from exc
 
 
 def is_number(value: Any) -> bool:

@@ -19,6 +19,8 @@ MAX_CHOICE_OPTIONS = 255
 SCORE_LEVELS = (2, 10)
 MEDIA_FIELDS = {"images": "vision", "audio": "audio", "videos": "video"}
 QUESTION_TYPES = ("choice", "noul", "score")
+# C0 controls and space: URL parsers (WHATWG's, Python's urlsplit) skip them before a scheme.
+_URL_LEADING = "".join(map(chr, range(0x21)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,16 +154,34 @@ def _check_media(body: dict[str, Any], problems: list[dict[str, Any]]) -> tuple[
             problems.append(problem((field,), "must be a list of base64 strings or data: URLs", "list_type"))
             continue
         for index, item in enumerate(items):
-            if not isinstance(item, str) or not item:
+            kind = media_kind(item) if isinstance(item, str) and item else None
+            if kind is None:
                 problems.append(problem((field, index), "must be a base64 string or a data: URL", "string_type"))
-            elif item[:8].lower().startswith(("http://", "https://")):
+            elif kind == "remote":
                 remote = True
-            elif ":" in item[:32] and item[:5].lower() != "data:":
+            elif kind == "other":
                 problems.append(problem((field, index), "only base64 strings and data: URLs are accepted",
                                         "url_scheme"))
         if items:
             present.append(field)
     return tuple(present), remote
+
+
+def media_kind(item: str) -> str:
+    """What a media item is: ``"data"`` (a data: URL), ``"base64"``, ``"remote"`` (an http(s)://
+    URL: refused unless a setting allows it) or ``"other"`` (any other scheme: always refused).
+
+    An allowlist, as a backend's URL parser would read the item: leading controls and spaces
+    are skipped (``" http://169.254.169.254/"`` is a URL), and base64 has no ``:``, so anything
+    else with one (``file:``, ``ftp:``, ``http:host`` without slashes, a scheme split by a tab) is
+    some other scheme."""
+    head = item.lstrip(_URL_LEADING)
+    scheme = head[:8].lower()
+    if scheme.startswith("data:"):
+        return "data"
+    if scheme.startswith(("http://", "https://")):
+        return "remote"
+    return "other" if ":" in head else "base64"
 
 
 def is_numberish(value: Any) -> bool:  # re-exported for callers that check state types

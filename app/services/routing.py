@@ -1,15 +1,20 @@
 """Which replica takes a request: fewest in flight, ties take turns, faulty ones sit out a while.
 
 One router per process, shared by every forwarding path (decisions, chat, Test), so a
-replica that failed a chat request is also avoided by decisions.
+replica that failed a chat request is also avoided by decisions. ``attempts()`` is the one
+retry rule they all follow (SPEC §4).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
+from app.errors import BackendFailed
 from app.services.registry import Replica
+
+ATTEMPTS = 2  # a request is retried once, on another replica, when no byte of the answer was sent
 
 
 class ReplicaRouter:
@@ -33,6 +38,16 @@ class ReplicaRouter:
                 best = replica
         return best
 
+    def attempts(self, replicas: list[Replica]) -> Attempts:
+        """The replicas one request tries, in turn (see ``Attempts``)."""
+        return Attempts(self, replicas)
+
+    def available(self, replicas: list[Replica], tried: set[int]) -> bool:
+        """Whether ``pick`` would find one (without taking a turn)."""
+        now = time.monotonic()
+        return any(id(r) not in tried and self._out_until.get((r.service_id, r.backend_name), 0.0) <= now
+                   for r in replicas)
+
     def take_out(self, replica: Replica) -> None:
         """A connection error, a timeout or a 502/503/504: leave the replica out for a while."""
         self._out_until[(replica.service_id, replica.backend_name)] = time.monotonic() + self.backoff
@@ -46,3 +61,31 @@ class ReplicaRouter:
     @property
     def retry_after(self) -> int:
         return max(1, int(self.backoff))
+
+
+class Attempts:
+    """The replicas one request tries: the one ``pick`` chooses, then, after a fault (the caller
+    takes that replica out), one other, at most ``ATTEMPTS`` in all. Iterate to get them."""
+
+    def __init__(self, router: ReplicaRouter, replicas: list[Replica]) -> None:
+        self._router = router
+        self._replicas = replicas
+        self._tried: set[int] = set()
+
+    def __iter__(self) -> Iterator[Replica]:
+        while len(self._tried) < ATTEMPTS:
+            replica = self._router.pick(self._replicas, self._tried)
+            if replica is None:
+                return
+            self._tried.add(id(replica))
+            yield replica
+
+    def another(self) -> bool:
+        """Whether iterating goes on to another replica: a caller holding a replica's error (a
+        502/503/504 answer) drops it only then, and otherwise gives it back as it came."""
+        return len(self._tried) < ATTEMPTS and self._router.available(self._replicas, self._tried)
+
+    def none_left(self, model: str) -> BackendFailed:
+        """The error when no replica could be tried at all."""
+        return BackendFailed(503, f"every backend that serves model '{model}' is down or backed off; "
+                                  "try again shortly", retry_after=self._router.retry_after)

@@ -213,7 +213,7 @@ def update_model(session: Session, model_id: int, actor: Actor, changes: dict[st
             raise InvalidRequest(f"read_strategy must be one of {', '.join(READ_STRATEGIES)}, or null")
         if service.type in LABELS_ONLY_TYPES and strategy is None:
             raise InvalidRequest(f"a model of a {service.type} service answers decisions by label reading only")
-        if strategy == "labels" and "completion" not in model.capabilities:
+        if strategy == "labels" and service.type not in LABELS_ONLY_TYPES and "completion" not in model.capabilities:
             raise InvalidRequest(f"label reading needs a generation model (the completion capability); "
                                  f"'{model.public_name}' has {', '.join(model.capabilities) or 'none'}")
         model.read_strategy = strategy

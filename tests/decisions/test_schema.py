@@ -276,7 +276,8 @@ def test_media_present_and_non_empty() -> None:
     assert result.media == ("images", "audio", "videos")
 
 
-@pytest.mark.parametrize("url", ["http://example.com/a.png", "https://example.com/a.png"])
+@pytest.mark.parametrize("url", ["http://example.com/a.png", "https://example.com/a.png", " http://169.254.169.254/",
+                                 "\x00\t" * 20 + "HTTPS://169.254.169.254/"])
 def test_remote_media_flagged(url: str) -> None:
     result = validate(decision(images=[PNG, url]))
     assert result.media == ("images",) and result.remote_media is True

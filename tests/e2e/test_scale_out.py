@@ -182,7 +182,7 @@ def test_replicas_migrating_together_take_turns(db: Database) -> None:
 
         migrated = create_engine(server.set(database=name))
         try:
-            migrate.check_current(migrated, url)  # at head: every run finished, none broke another
+            migrate.check_current(migrated)  # at head: every run finished, none broke another
         finally:
             migrated.dispose()
     finally:

@@ -1,12 +1,16 @@
 """POST /v1/chat/completions and POST /api/chat: forwarded to models with `completion`,
-streaming passed through chunk by chunk as it arrives (lean ASGI, like /v1/systemone)."""
+streaming passed through chunk by chunk as it arrives (lean ASGI, like /v1/systemone).
+
+A client that hangs up ends its request at once, wherever it is (waiting for the backend's
+head, its whole answer, or its next chunk): the backend's connection is closed, so it stops
+generating, and the replica's count and the concurrency slot are free again."""
 
 from __future__ import annotations
 
 import logging
 import time
 
-from app.api.asgi import Receive, Scope, Send, send_bytes, send_error
+from app.api.asgi import Receive, Scope, Send, send_bytes, send_error, unless_client_leaves
 from app.api.public.intake import take
 from app.chat.forward import ChatForwarder
 from app.decisions import jsonbody
@@ -18,7 +22,6 @@ from app.telemetry.record import RequestRecord
 from app.tenancy.keycache import KeyCache
 from app.tenancy.principal import Principal
 from app.tenancy.touches import KeyTouches
-from infra_adapters.base import BackendError
 
 log = logging.getLogger("arbiter.chat")
 PATHS = {"/v1/chat/completions": "openai-chat", "/api/chat": "ollama-chat"}
@@ -44,7 +47,11 @@ class ChatRoute:
         record = intake.record(scope, "chat")
         self.touches.touch(principal.key_id)
         try:
-            await self._serve(send, api, intake.raw, intake.forward_headers, principal, record)
+            left = await unless_client_leaves(receive, send, lambda sending: self._serve(
+                sending, api, intake.raw, intake.forward_headers, principal, record))
+            if left:
+                record.status = record.status or 499  # nothing sent yet: nginx's "client closed request"
+                record.error_type = "client_closed"
         finally:
             record.seconds = time.perf_counter() - started
             self.observer.finish(record)
@@ -66,30 +73,31 @@ class ChatRoute:
             record.status, record.error_type = 500, "internal_error"
             await send_error(send, ArbiterError("internal error; the request id is in X-Request-Id"))
             return
-        record.status, record.provider = answer.status, answer.replica.provider
+        record.provider = answer.replica.provider
         try:
             if answer.is_json or answer.status != 200:
                 try:
-                    payload = await answer.whole(body["model"])
-                except BackendError as exc:
-                    record.status, record.error_type = 502, "backend_error"
-                    await send_error(send, BackendFailed(502, f"the backend of model '{record.model}' broke "
-                                                              f"the connection ({type(exc).__name__})"))
+                    payload = await answer.whole()
+                except BackendFailed as error:
+                    record.status, record.error_type = error.status, error.error_type
+                    await send_error(send, error)
                     return
+                record.status = answer.status
                 retry_after = answer.stream.retry_after if answer.status != 200 else None
                 await send_bytes(send, answer.status, payload, answer.content_type,
                                  None if retry_after is None else {"Retry-After": retry_after})
                 return
+            record.status = answer.status
             await send({"type": "http.response.start", "status": answer.status,
                         "headers": [(b"content-type", answer.content_type.encode("latin-1")),
                                     (b"cache-control", b"no-cache")]})
             try:
-                async for chunk in answer.stream.chunks():
+                async for chunk in answer.chunks():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except BackendError as exc:
+            except BackendFailed as error:
                 # Bytes are out already: the status cannot change. End without the final chunk,
                 # so the client sees a broken stream rather than a complete one.
-                log.warning("chat stream from %s broke: %s", answer.replica.service_name, exc)
+                log.warning("chat stream from %s broke: %s", answer.replica.service_name, error.message)
                 return
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:

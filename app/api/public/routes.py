@@ -40,7 +40,7 @@ async def readyz(components: ComponentsDep) -> JSONResponse:
     def check() -> None:
         with components.database.engine.connect() as connection:
             connection.execute(text("SELECT 1"))
-        migrate.check_current(components.database.engine, components.settings.database_url)
+        migrate.check_current(components.database.engine)
 
     try:
         await components.in_session(lambda _s: check())

