@@ -11,6 +11,7 @@ from typing import Any
 
 from app.api.asgi import ASGIApp, Message, Receive, Scope, Send, send_error
 from app.errors import BackendFailed
+from app.telemetry import logs
 from app.telemetry.metrics import Metrics
 from app.telemetry.tracing import Tracing
 
@@ -52,6 +53,7 @@ class RequestMiddleware:
         if request_id is None:
             request_id = f"{self._ids.getrandbits(128):032x}"
         scope.setdefault("state", {})["request_id"] = request_id
+        logs.request_id.set(request_id)  # for the log lines of this request; no reset: its task ends with it
         header = (b"x-request-id", request_id.encode())
         path = scope["path"]
         lean = path if path in self.lean_paths else None
