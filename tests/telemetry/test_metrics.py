@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import free_port
 from tests.support import Stack, assert_error, decision
+from tests.ui.conftest import ui_sign_in
 
 
 def scrape(stack: Stack, key: str = "admin") -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -56,6 +57,26 @@ def test_token_usage_histogram_matches_the_backends_usage(stack: Stack) -> None:
     requests = {dict(labels)["status"]: value for (name, labels), value in metrics.items()
                 if name == "arbiter_http_requests_total" and dict(labels)["route"] == "/v1/systemone"}
     assert requests == {"200": 3, "404": 1, "400": 1}
+
+
+def test_web_ui_requests_are_counted_under_their_full_templates(stack: Stack) -> None:
+    """The UI's pages sit in routers included in /ui: their label is the template they are
+    served at, never the template within their own router (that would be another page's
+    address, /services/{service_id} for /ui/services/1) nor a raw path."""
+    with stack.client("admin") as admin:
+        service_id = admin.get("/admin/services").json()["data"][0]["id"]
+    ui = ui_sign_in(stack.gateway.url, stack.admin_key)  # GET and POST /ui/sign-in
+    for path, status in ((f"/ui/services/{service_id}", 200), ("/ui/static/arbiter.css", 200),
+                         ("/ui/api/installs/999", 404), ("/ui/no/such/page", 404), ("/ui", 303)):
+        assert ui.get(path).status_code == status, path
+    ui.close()
+    counted = {(dict(labels)["method"], dict(labels)["route"], dict(labels)["status"]): value
+               for (name, labels), value in scrape(stack).items()
+               if name == "arbiter_http_requests_total" and dict(labels)["route"] != "/admin/services"}
+    assert counted == {("GET", "/ui/sign-in", "200"): 1, ("POST", "/ui/sign-in", "303"): 1,
+                       ("GET", "/ui/services/{service_id}", "200"): 1, ("GET", "/ui/static/{name}", "200"): 1,
+                       ("GET", "/ui/api/installs/{install_id}", "404"): 1, ("GET", "/ui/{rest:path}", "404"): 1,
+                       ("GET", "/ui", "303"): 1}
 
 
 def test_token_buckets_follow_the_genai_conventions(stack: Stack) -> None:
