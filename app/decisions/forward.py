@@ -165,7 +165,7 @@ class Forwarder:
                 replica.timeout, options.max_reply_bytes, options.headers, options.tenant_salt,
                 mesh_hops=options.mesh_hops), waited)
         headers = dict(options.headers)
-        with self._tracing.client_span("decision", model, replica.provider, replica.service_name,
+        with self._tracing.client_span("decision", model, replica.provider, replica.backend.url,
                                        headers) as span:
             try:
                 outcome = await self._exchange(model, replica, forwarded, CallOptions(
