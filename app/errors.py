@@ -30,6 +30,7 @@ import orjson
 class ArbiterError(Exception):
     status = 500
     error_type = "internal_error"
+    backend_seconds = 0.0  # of the request's time, spent waiting on backends before this failure
 
     def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)

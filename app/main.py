@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any, cast
 
 from fastapi import FastAPI
+from fastapi.routing import iter_route_contexts
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app.api import errors
@@ -65,7 +66,7 @@ class Arbiter:
                                                      c.mesh.auth)
         self._stack: ASGIApp = build_stack(self._route, c.metrics,
                                            frozenset({DECISION_PATH, OPENAI_DECISIONS_PATH, *CHAT_PATHS}),
-                                           c.tracing, settings.max_concurrency)
+                                           _route_templates(self.fastapi), c.tracing, settings.max_concurrency)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._stack(scope, receive, send)
@@ -133,6 +134,17 @@ def _build_fastapi(components: Components) -> FastAPI:
                           openapi_extra=lean_route_openapi(CHAT_REQUEST, ANY_OBJECT))
 
     return app
+
+
+def _route_templates(app: FastAPI) -> dict[int, str]:
+    """The full template each route is served at (``/ui/sign-in``), by the id of its route object.
+
+    FastAPI (since 0.137) puts a route in ``scope["route"]`` as it was declared: a route of a router
+    included in another (the UI's pages in ``/ui``) has a ``path`` without the outer prefix. Each
+    router here is included once, so a route object names one template (one included twice would
+    be counted under one of its places)."""
+    return {id(context.original_route): context.path for context in iter_route_contexts(app.routes)
+            if context.path is not None}
 
 
 async def _served_by_lean_route() -> None:  # pragma: no cover - POST never reaches FastAPI

@@ -6,11 +6,12 @@ import functools
 import os
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from app.api.asgi import ASGIApp, Message, Receive, Scope, Send, send_error
 from app.errors import BackendFailed
+from app.telemetry import logs
 from app.telemetry.metrics import Metrics
 from app.telemetry.tracing import Tracing
 
@@ -22,12 +23,16 @@ class RequestMiddleware:
     requests in flight; requests by route and status once answered. One layer with one wrapper
     of ``send``, and the labelled metric children looked up once, not per request (the hot path
     pays for every layer). Routes are templates (or the lean routes' paths), never raw paths,
-    so the label set stays small."""
+    so the label set stays small: the full template a route is served at, from ``templates``
+    (by the id of the route object the framework puts in the scope, whose own ``path`` lacks
+    the prefixes of the routers that include it), else that route's ``path``."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, lean_paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, lean_paths: frozenset[str],
+                 templates: Mapping[int, str]) -> None:
         self.app = app
         self.metrics = metrics
         self.lean_paths = lean_paths
+        self.templates = templates
         # Requests in flight per route: plain counts, read by the gauge when /metrics is scraped
         # (a Gauge's inc and dec take a lock each).
         self._in_flight = dict.fromkeys((*lean_paths, "api"), 0)
@@ -52,6 +57,7 @@ class RequestMiddleware:
         if request_id is None:
             request_id = f"{self._ids.getrandbits(128):032x}"
         scope.setdefault("state", {})["request_id"] = request_id
+        logs.request_id.set(request_id)  # for the log lines of this request; no reset: its task ends with it
         header = (b"x-request-id", request_id.encode())
         path = scope["path"]
         lean = path if path in self.lean_paths else None
@@ -70,7 +76,7 @@ class RequestMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             self._in_flight[gauge] -= 1
-            route = lean or getattr(scope.get("route"), "path", None) or "unmatched"
+            route = lean or self._template(scope.get("route"))
             key = (route, scope["method"], status)
             counter = self._counters.get(key)
             if counter is None:
@@ -78,6 +84,9 @@ class RequestMiddleware:
                 if len(self._counters) < 10_000:  # methods are the caller's: keep the cache bounded
                     self._counters[key] = counter
             counter.inc()
+
+    def _template(self, route: Any) -> str:
+        return self.templates.get(id(route)) or getattr(route, "path", None) or "unmatched"
 
 
 class ConcurrencyCap:
@@ -108,12 +117,12 @@ class ConcurrencyCap:
             self.active -= 1
 
 
-def build_stack(app: ASGIApp, metrics: Metrics, lean_paths: frozenset[str], tracing: Tracing,
-                max_concurrency: int = 0) -> ASGIApp:
+def build_stack(app: ASGIApp, metrics: Metrics, lean_paths: frozenset[str], templates: Mapping[int, str],
+                tracing: Tracing, max_concurrency: int = 0) -> ASGIApp:
     """Outermost first: the server span (when tracing is on), request id and metrics, the cap."""
     if max_concurrency > 0:
         app = ConcurrencyCap(app, max_concurrency, lean_paths, metrics.shed.inc)
-    stack: ASGIApp = RequestMiddleware(app, metrics, lean_paths)
+    stack: ASGIApp = RequestMiddleware(app, metrics, lean_paths, templates)
     if tracing.on:
         from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 

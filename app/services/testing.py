@@ -47,7 +47,7 @@ async def run(forwarder: Forwarder, chat: ChatForwarder, observer: Observer, *, 
             result = {"ok": False, "status": None, "error": "this model has no capability that can be tested"}
     except ArbiterError as error:
         result = {"ok": False, "status": error.status, "error": error.message}
-        record.error_type = error.error_type
+        record.error_type, record.backend_seconds = error.error_type, error.backend_seconds
     record.status = result.get("status") or 0
     record.seconds = time.perf_counter() - started
     observer.finish(record)

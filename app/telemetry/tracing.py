@@ -12,9 +12,11 @@ are forwarded as they came.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry import trace
 from opentelemetry.propagate import inject
@@ -76,19 +78,33 @@ class Tracing:
         return text
 
     @contextlib.contextmanager
-    def client_span(self, operation: str, model: str, provider: str, server: str,
+    def client_span(self, operation: str, model: str, provider: str, url: str,
                     headers: dict[str, str]) -> Iterator[Span | None]:
-        """A CLIENT span around one backend call; ``headers`` get its trace context."""
+        """A CLIENT span around one backend call to ``url``; ``headers`` get its trace context."""
         if self.tracer is None:
             yield None
             return
-        attributes = {"gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
-                      "gen_ai.request.model": model, "server.address": server}
+        attributes: dict[str, str | int] = {"gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
+                                            "gen_ai.request.model": model, **server_attributes(url)}
         with self.tracer.start_as_current_span(f"{operation} {model}", kind=SpanKind.CLIENT,
                                                attributes=attributes, record_exception=False,
                                                set_status_on_exception=False) as span:
             inject(headers)  # this span's traceparent/tracestate replace the caller's
             yield span
+
+
+@functools.lru_cache(maxsize=256)
+def server_attributes(url: str) -> Mapping[str, str | int]:
+    """``server.address`` (the host name or IP) and ``server.port`` of a backend's URL, as the
+    OpenTelemetry conventions have them; none for a backend that is no server (a model file)."""
+    parts = urlsplit(url)
+    if not parts.hostname or parts.scheme not in ("http", "https"):
+        return {}
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:  # a port out of range: the address alone
+        return {"server.address": parts.hostname}
+    return {"server.address": parts.hostname, "server.port": port}
 
 
 def annotate(span: Span | None, *, input_tokens: int | None = None, output_tokens: int | None = None,

@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
-from app.telemetry.logs import JsonFormatter
+from app.telemetry import usage
+from app.telemetry.logs import BatchingHandler, JsonFormatter
 from tests.support import Stack, decision
+from tests.ui.conftest import ui_sign_in
 
 
 @pytest.fixture
@@ -75,6 +77,62 @@ def test_one_access_line_per_request(stack: Stack, captured: io.StringIO) -> Non
     assert first["input_tokens"] == ok.json()["usage"]["input_tokens"]
     assert first["latency_ms"] >= first["backend_ms"] > 0
     assert lines[1]["status"] == 404 and lines[1]["error_type"] == "not_found_error"
+
+
+def _broken(*_args: Any, **_kwargs: Any) -> Any:
+    raise RuntimeError("injected fault")
+
+
+@pytest.mark.parametrize("where", ["decision", "admin API", "web UI"])
+def test_an_unexpected_errors_line_carries_the_request_id_the_caller_got(
+        stack: Stack, captured: io.StringIO, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """Every 500 says "the request id is in X-Request-Id" (the UI: "in the server's logs"):
+    the logged exception must carry that id, on the lean decision route as on FastAPI's."""
+    if where == "decision":
+        monkeypatch.setattr(stack.gateway.app.components.forwarder, "decide", _broken)
+        client = stack.client()
+        answer = client.post("/v1/systemone", json=decision())
+    else:
+        monkeypatch.setattr(usage, "summary", _broken)  # both usage pages read it
+        client = stack.client("admin") if where == "admin API" else ui_sign_in(stack.gateway.url, stack.admin_key)
+        answer = client.get("/admin/usage" if where == "admin API" else "/ui/usage")
+    client.close()
+    assert answer.status_code == 500
+    request_id = answer.headers["x-request-id"]
+    if where == "web UI":
+        assert request_id in answer.text  # the page shows the id to look up
+    errors = [json.loads(line) for line in captured.getvalue().splitlines()
+              if "injected fault" in json.loads(line).get("exception", "")]
+    assert errors, captured.getvalue()
+    assert {line["request_id"] for line in errors} == {request_id}
+
+
+def test_a_batched_line_keeps_the_request_id_it_was_logged_with(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BatchingHandler writes from a thread of its own, where no request is being served: the id
+    is the one of the request that logged the line, taken when it was logged."""
+    import contextvars
+    import threading
+
+    from app.telemetry import logs
+
+    stream = io.StringIO()
+    handler = BatchingHandler(stream, interval=60)  # written only by the flush below
+    handler.setFormatter(JsonFormatter())
+    monkeypatch.setattr(logging.getLogger(), "handlers", [handler])
+    monkeypatch.setattr(logging.getLogger(), "level", logging.INFO)
+
+    def serve(request_id: str) -> None:
+        logs.request_id.set(request_id)
+        logging.getLogger("arbiter.decisions").error("backend gone")
+
+    for request_id in ("rid-a", "rid-b"):
+        contextvars.copy_context().run(serve, request_id)
+    logging.getLogger("arbiter.decisions").error("between requests")
+    writer = threading.Thread(target=handler.close)  # not the thread, nor the context, that logged
+    writer.start()
+    writer.join()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line.get("request_id") for line in lines] == ["rid-a", "rid-b", None]
 
 
 def test_payload_logging_puts_the_state_in(stack: Stack, captured: io.StringIO, gateway_factory: Any) -> None:

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.db.session import Database
+from app.services import service as services
+from app.settings import Settings
+from app.tenancy.service import CLI
+from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
+from infra_adapters.emulators.server import EmulatorServer
 from tests.e2e.conftest import free_port
 from tests.support import Stack, assert_error, decision
+from tests.ui.conftest import ui_sign_in
 
 
 def scrape(stack: Stack, key: str = "admin") -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -56,6 +65,78 @@ def test_token_usage_histogram_matches_the_backends_usage(stack: Stack) -> None:
     requests = {dict(labels)["status"]: value for (name, labels), value in metrics.items()
                 if name == "arbiter_http_requests_total" and dict(labels)["route"] == "/v1/systemone"}
     assert requests == {"200": 3, "404": 1, "400": 1}
+
+
+def test_web_ui_requests_are_counted_under_their_full_templates(stack: Stack) -> None:
+    """The UI's pages sit in routers included in /ui: their label is the template they are
+    served at, never the template within their own router (that would be another page's
+    address, /services/{service_id} for /ui/services/1) nor a raw path."""
+    with stack.client("admin") as admin:
+        service_id = admin.get("/admin/services").json()["data"][0]["id"]
+    ui = ui_sign_in(stack.gateway.url, stack.admin_key)  # GET and POST /ui/sign-in
+    for path, status in ((f"/ui/services/{service_id}", 200), ("/ui/static/arbiter.css", 200),
+                         ("/ui/api/installs/999", 404), ("/ui/no/such/page", 404), ("/ui", 303)):
+        assert ui.get(path).status_code == status, path
+    ui.close()
+    counted = {(dict(labels)["method"], dict(labels)["route"], dict(labels)["status"]): value
+               for (name, labels), value in scrape(stack).items()
+               if name == "arbiter_http_requests_total" and dict(labels)["route"] != "/admin/services"}
+    assert counted == {("GET", "/ui/sign-in", "200"): 1, ("POST", "/ui/sign-in", "303"): 1,
+                       ("GET", "/ui/services/{service_id}", "200"): 1, ("GET", "/ui/static/{name}", "200"): 1,
+                       ("GET", "/ui/api/installs/{install_id}", "404"): 1, ("GET", "/ui/{rest:path}", "404"): 1,
+                       ("GET", "/ui", "303"): 1}
+
+
+def overhead(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> tuple[float, float]:
+    """(count, sum) of the decisions' gateway overhead histogram."""
+    labels = (("gen_ai_operation_name", "decision"),)
+    return (metrics.get(("arbiter_gateway_overhead_seconds_count", labels), 0),
+            metrics.get(("arbiter_gateway_overhead_seconds_sum", labels), 0))
+
+
+def test_a_decision_whose_backend_failed_has_its_overhead_observed(stack: Stack, gateway_factory: Any) -> None:
+    """A timeout (504) and a refused connection (502), on a request and on the Test action: each
+    reached a backend, so each is an overhead observation, and the second it waited is not in it."""
+    gateway = gateway_factory(backend_timeout=1.0, replica_backoff=0.01)
+    stack.ollama_state.faults.hang = True
+    with gateway.client(stack.project_key) as client:
+        assert_error(client.post("/v1/systemone", json=decision()), 504)
+        assert_error(client.post("/v1/systemone", json=decision("ghost")), 404)  # never reached a backend
+    with gateway.client(stack.admin_key) as admin:
+        model_id = next(m["id"] for m in admin.get("/admin/models").json()["data"] if m["public_name"] == "nimble")
+        assert admin.post(f"/admin/models/{model_id}/test").json()["status"] == 504
+        stack.ollama.stop()
+        assert_error(gateway.client(stack.project_key).post("/v1/systemone", json=decision()), 502)
+        metrics = samples(admin.get("/metrics").text)
+    count, seconds = overhead(metrics)
+    assert count == 3
+    assert seconds < 0.5  # two 1 s waits on a hanging backend are not the gateway's own time
+
+
+@pytest.fixture
+def two_replicas(db: Database, stack: Stack) -> Iterator[list[OllamaState]]:
+    """A second emulated Ollama serving the stack's models, as a second service (for gateways
+    started after it)."""
+    state = OllamaState()
+    with EmulatorServer(make_ollama_app(state)) as server:
+        with db.session() as session:
+            services.add_service(session, Settings(database_url=db.url), CLI, type="ollama-external",
+                                 url=server.url, name="ollama-2")
+        yield [stack.ollama_state, state]
+
+
+def test_the_wait_on_a_replica_that_failed_before_another_answered_is_not_overhead(
+        stack: Stack, two_replicas: list[OllamaState], gateway_factory: Any) -> None:
+    slow, healthy = two_replicas
+    slow.faults.latency, slow.faults.status = 1.0, 503  # a 503 after a second: retried on the other
+    gateway = gateway_factory(replica_backoff=0.01)
+    with gateway.client(stack.project_key) as client:
+        assert [client.post("/v1/systemone", json=decision()).status_code for _ in range(3)] == [200] * 3
+    tried = [sum(r.path == "/v1/systemone" for r in state.requests) for state in (slow, healthy)]
+    assert tried[0] >= 1 and tried[1] == 3, tried  # ties take turns: some request tried the slow one first
+    with gateway.client(stack.admin_key) as admin:
+        count, seconds = overhead(samples(admin.get("/metrics").text))
+    assert count == 3 and seconds < 0.5
 
 
 def test_token_buckets_follow_the_genai_conventions(stack: Stack) -> None:

