@@ -55,7 +55,7 @@ class Components:
         self.bus = ChangeBus(self.redis)
         self.router = ReplicaRouter(settings.replica_backoff)
         self.forwarder = Forwarder(self.registry, self.router, settings, self.tracing, self.limiter)
-        self.chat = ChatForwarder(self.registry, self.router, settings, self.limiter)
+        self.chat = ChatForwarder(self.registry, self.router, settings, self.limiter, self.tracing)
         self.mesh = Mesh(settings, self.registry, self.database)
         self.sync = SyncLoop(self.database, settings, self.changed_models)
         self.installer = Installer(self.database, settings, self.changed_models)

@@ -3,9 +3,12 @@ OpenAI's /v1/chat/completions and Ollama's /api/chat, streaming passed through a
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from opentelemetry.trace import Span
 
 from app.decisions.forward import backend_failure, rejected_credential, rewrite_model
 from app.decisions.schema import media_kind
@@ -13,6 +16,7 @@ from app.errors import BackendFailed, InvalidRequest, UpstreamAuthFailed
 from app.services.registry import Registry, Replica
 from app.services.routing import ReplicaRouter
 from app.settings import Settings
+from app.telemetry.tracing import Tracing, annotate
 from app.tenancy.limits import RateLimiter, limits_of
 from app.tenancy.principal import Principal
 from app.tenancy.salts import TenantSalts
@@ -21,6 +25,7 @@ from infra_adapters.base import BackendError, CallOptions, ReplyTooLarge, Stream
 _FAULT_STATUSES = frozenset({502, 503, 504})
 API_CAPABILITY = {"openai-chat": "completion", "ollama-chat": "completion", "embed": "embedding"}
 CHAT_PATHS = {"openai-chat": "/v1/chat/completions", "ollama-chat": "/api/chat"}
+_OPERATIONS = {"openai-chat": "chat", "ollama-chat": "chat", "embed": "embeddings"}  # gen_ai.operation.name
 _CHAT_NAMES = {"openai-chat": "OpenAI's /v1/chat/completions", "ollama-chat": "Ollama's /api/chat"}
 
 
@@ -35,6 +40,8 @@ class Answer:
     model: str  # the public name the caller used
     max_bytes: int
     router: ReplicaRouter
+    span: Span | None = None  # the CLIENT span of the call, ended with the answer
+    waited: float = 0.0  # seconds spent waiting for the backend: its head, then its bytes
 
     @property
     def status(self) -> int:
@@ -50,22 +57,35 @@ class Answer:
 
     async def whole(self) -> bytes:
         """The whole answer; a JSON object's ``model`` becomes the public name."""
+        started = time.perf_counter()
         try:
             body = await self.stream.read(self.max_bytes)
         except BackendError as exc:
             raise self._failed(exc) from exc
+        finally:
+            self.waited += time.perf_counter() - started
         return rewrite_model(body, self.replica.backend_name, self.model) if self.status == 200 else body
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The answer's chunks as they arrive."""
-        try:
-            async for chunk in self.stream.chunks():
-                yield chunk
-        except BackendError as exc:
-            raise self._failed(exc) from exc
+        chunks = aiter(self.stream.chunks())
+        while True:
+            started = time.perf_counter()
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return
+            except BackendError as exc:
+                raise self._failed(exc) from exc
+            finally:
+                self.waited += time.perf_counter() - started
+            yield chunk
 
     async def close(self) -> None:
         self.replica.in_flight -= 1
+        if self.span is not None:
+            annotate(self.span, status=self.status)
+            self.span.end()
         await self.stream.close()
 
     def _failed(self, exc: BackendError) -> BackendFailed:
@@ -76,8 +96,9 @@ class Answer:
 
 class ChatForwarder:
     def __init__(self, registry: Registry, router: ReplicaRouter, settings: Settings,
-                 limiter: RateLimiter | None = None) -> None:
+                 limiter: RateLimiter | None = None, tracing: Tracing | None = None) -> None:
         self._limiter = limiter
+        self._tracing = tracing or Tracing(None, state=False, state_max_bytes=0)
         self._salts = TenantSalts(settings)
         self._registry = registry
         self._router = router
@@ -126,36 +147,48 @@ class ChatForwarder:
         cap = self._settings.max_response_bytes
         attempts = self._router.attempts(replicas)
         failed: BackendFailed | None = None
+        waited = 0.0  # on every attempt's backend: not the gateway's own time
         for replica in attempts:
             forwarded = dict(body)
             forwarded["model"] = replica.backend_name
-            options = CallOptions(timeout=replica.timeout, max_reply_bytes=cap, headers=headers, streaming=True,
+            sent = dict(headers)
+            span = self._tracing.open_client_span(_OPERATIONS[api], model, replica.provider,
+                                                   replica.backend.url, sent)
+            options = CallOptions(timeout=replica.timeout, max_reply_bytes=cap, headers=sent, streaming=True,
                                   tenant_salt=self._salts.of_caller(principal) if principal else None,
                                   mesh_hops=principal.mesh_hops if principal else 0)
             replica.in_flight += 1
+            started = time.perf_counter()
             try:
                 stream = await replica.backend.open(replica.backend.route(api) or "", forwarded, options)
             except BaseException as exc:  # a cancel too (the client hung up): the count is never left behind
                 replica.in_flight -= 1
+                waited += time.perf_counter() - started
+                if span is not None:
+                    annotate(span, error_type=type(exc).__name__)
+                    span.end()
                 if not isinstance(exc, BackendError):
                     raise
                 self._router.take_out(replica)
                 failed = backend_failure(model, replica, exc, cap)
                 failed.__cause__ = exc
                 continue
-            answer = Answer(replica, stream, model, cap, self._router)
+            waited += time.perf_counter() - started
+            answer = Answer(replica, stream, model, cap, self._router, span, waited)
             if stream.status in (401, 403) and replica.backend.has_credential:
                 await answer.close()
-                raise UpstreamAuthFailed(rejected_credential(replica))
+                rejected = UpstreamAuthFailed(rejected_credential(replica))
+                rejected.backend_seconds = waited
+                raise rejected
             if stream.status in _FAULT_STATUSES:
                 self._router.take_out(replica)
                 if attempts.another():
                     await answer.close()  # nothing sent yet: try another replica
                     continue
             return answer
-        if failed is not None:
-            raise failed
-        raise attempts.none_left(model)
+        error = failed if failed is not None else attempts.none_left(model)
+        error.backend_seconds = waited
+        raise error
 
 
 def _unspoken(model: str, api: str, replicas: list[Replica]) -> str:

@@ -93,6 +93,20 @@ class Tracing:
             yield span
 
 
+    def open_client_span(self, operation: str, model: str, provider: str, url: str,
+                         headers: dict[str, str]) -> Span | None:
+        """A CLIENT span for a call whose answer outlives the caller's frame (a streamed chat),
+        child of the current span; ``headers`` get its trace context. The caller ends it."""
+        if self.tracer is None:
+            return None
+        attributes: dict[str, str | int] = {"gen_ai.operation.name": operation, "gen_ai.provider.name": provider,
+                                            "gen_ai.request.model": model, **server_attributes(url)}
+        span = self.tracer.start_span(f"{operation} {model}", kind=SpanKind.CLIENT, attributes=attributes,
+                                      record_exception=False, set_status_on_exception=False)
+        inject(headers, context=trace.set_span_in_context(span))  # replaces the caller's traceparent
+        return span
+
+
 @functools.lru_cache(maxsize=256)
 def server_attributes(url: str) -> Mapping[str, str | int]:
     """``server.address`` (the host name or IP) and ``server.port`` of a backend's URL, as the

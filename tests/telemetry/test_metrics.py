@@ -185,3 +185,17 @@ def test_the_project_label_can_be_dropped(stack: Stack, gateway_factory: Any) ->
         metrics = samples(client.get("/metrics").text)
     token_series = [dict(labels) for name, labels in metrics if name == "gen_ai_client_token_usage_count"]
     assert token_series and all("project" not in labels for labels in token_series)
+
+
+def test_chat_requests_have_their_gateway_overhead_observed(stack: Stack) -> None:
+    """Chat waits on its backend for the head and then for each chunk: that is not overhead."""
+    stack.ollama_state.faults.latency = 0.3
+    chat = {"model": "llama3.2", "messages": [{"role": "user", "content": "Hello"}]}
+    with stack.client() as client:
+        assert client.post("/v1/chat/completions", json=chat).status_code == 200
+        assert client.post("/api/chat", json={**chat, "stream": True}).status_code == 200
+    with stack.client("admin") as admin:
+        metrics = samples(admin.get("/metrics").text)
+    labels = (("gen_ai_operation_name", "chat"),)
+    assert metrics.get(("arbiter_gateway_overhead_seconds_count", labels)) == 2
+    assert metrics[("arbiter_gateway_overhead_seconds_sum", labels)] < 0.3  # the 0.3 s waits are the backend's

@@ -146,3 +146,24 @@ def test_without_tracing_the_callers_trace_headers_pass_through(stack: Stack) ->
         assert client.post("/v1/systemone", json=decision(), headers={"traceparent": parent}).status_code == 200
     sent = [r for r in stack.ollama_state.requests if r.path == "/v1/systemone"][-1]
     assert sent.header("traceparent") == parent
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_call_has_its_client_span_and_the_backend_gets_its_trace_context(
+        stack: Stack, traced: Any, stream: bool) -> None:
+    gateway, exporter = traced()
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    chat = {"model": "llama3.2", "messages": [{"role": "user", "content": "Hello"}], "stream": stream}
+    with gateway.client(stack.project_key) as client:
+        assert client.post("/v1/chat/completions", json=chat).status_code == 200  # no trace of the caller's
+        assert client.post("/api/chat", json=chat, headers={"traceparent": parent}).status_code == 200
+    spans = spans_named(exporter, "chat ")
+    assert [s.name for s in spans] == ["chat llama3.2", "chat llama3.2"]
+    assert all(s.kind == SpanKind.CLIENT and s.end_time is not None for s in spans)
+    assert spans[0].attributes["gen_ai.operation.name"] == "chat"  # type: ignore[index]
+    assert spans[0].attributes["server.address"] == "127.0.0.1"  # type: ignore[index]
+    sent = [r for r in stack.ollama_state.requests if r.path in ("/v1/chat/completions", "/api/chat")]
+    for request, span in zip(sent[-2:], spans, strict=True):
+        trace_id, span_id = request.header("traceparent").split("-")[1:3]
+        assert (int(trace_id, 16), int(span_id, 16)) == (span.context.trace_id, span.context.span_id)
+    assert spans[1].context.trace_id == 0x0af7651916cd43dd8448eb211c80319c  # the caller's trace goes on

@@ -66,6 +66,7 @@ class ChatRoute:
             answer = await self.forwarder.open(replicas, body, api, headers, principal)
         except ArbiterError as error:
             record.status, record.error_type = error.status, error.error_type
+            record.backend_seconds = error.backend_seconds
             await send_error(send, error)
             return
         except Exception:
@@ -101,4 +102,5 @@ class ChatRoute:
                 return
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
+            record.backend_seconds = answer.waited
             await answer.close()
