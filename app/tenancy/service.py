@@ -17,6 +17,9 @@ from app.tenancy.keys import KeyHasher
 from app.tenancy.principal import Principal
 
 DEFAULT_ORGANIZATION = "default"
+# How far ahead a key may expire. Past it, times leave the range that Python and the databases
+# share (PostgreSQL stores year 10000 in UTC, Python cannot read it back); no expiry means none.
+MAX_KEY_LIFETIME = dt.timedelta(days=36524)  # 100 years
 
 
 @dataclass(frozen=True)
@@ -130,10 +133,8 @@ def create_key(session: Session, hasher: KeyHasher, actor: Actor, *, kind: str,
         if project_obj.archived:
             raise InvalidRequest(f"project '{project}' is archived; unarchive it first")
         project_id = project_obj.id
-    if expires_at is not None and expires_at.tzinfo is None:
-        expires_at = expires_at.replace(tzinfo=dt.UTC)
-    if expires_at is not None and expires_at <= utcnow():
-        raise InvalidRequest("expires_at is in the past; a key must expire in the future")
+    if expires_at is not None:
+        expires_at = _expiry(expires_at)
     new = hasher.new(kind)
     key = ApiKey(kind=kind, project_id=project_id, name=name, digest=new.digest, prefix=new.prefix,
                  last_four=new.last_four, expires_at=expires_at)
@@ -295,6 +296,21 @@ def _check_name(name: str, what: str) -> None:
         raise InvalidRequest(f"a {what} name must be a non-empty string of at most 200 characters")
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
         raise InvalidRequest(f"a {what} name must not contain control characters")
+
+
+def _expiry(value: dt.datetime) -> dt.datetime:
+    """A key's expiry as stored: in UTC (SQLite keeps a time's digits and drops its zone, so
+    14:00+05:00 stored as it is would read back as 14:00 UTC), in the future, at most
+    MAX_KEY_LIFETIME ahead. No zone means UTC."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    ahead = value - utcnow()  # exact for any zone, even where the UTC time would leave Python's range
+    if ahead <= dt.timedelta(0):
+        raise InvalidRequest("expires_at is in the past; a key must expire in the future")
+    if ahead > MAX_KEY_LIFETIME:
+        raise InvalidRequest("expires_at is more than 100 years ahead; leave it out for a key that "
+                             "does not expire")
+    return value.astimezone(dt.UTC)
 
 
 def _aware(value: dt.datetime | None) -> dt.datetime | None:

@@ -266,6 +266,40 @@ def test_expiry(stack: Stack) -> None:
     assert decide(stack, current["key"]).status_code == 200
 
 
+def listed_key(stack: Stack, key_id: int) -> dict[str, Any]:
+    with stack.client("admin") as admin:
+        return next(k for k in body(admin.get("/admin/projects/acme/keys"), 200)["data"] if k["id"] == key_id)
+
+
+def test_an_expiry_with_a_utc_offset_is_the_instant_it_names(stack: Stack) -> None:
+    """SQLite keeps a time's digits and drops its zone: an expiry must be stored in UTC."""
+    now = dt.datetime.now(dt.UTC)
+    east, west = dt.timezone(dt.timedelta(hours=5)), dt.timezone(dt.timedelta(hours=-5))
+    soon_at, later_at = now + dt.timedelta(seconds=1.5), now + dt.timedelta(hours=2)
+    soon = new_key(stack, expires_at=soon_at.astimezone(east).isoformat())
+    later = new_key(stack, expires_at=later_at.astimezone(west).isoformat())
+    assert dt.datetime.fromisoformat(listed_key(stack, soon["id"])["expires_at"]) == soon_at
+    assert dt.datetime.fromisoformat(listed_key(stack, later["id"])["expires_at"]) == later_at
+    assert decide(stack, later["key"]).status_code == 200  # not dead 5 hours early
+    time.sleep(max(0.0, (soon_at + dt.timedelta(seconds=0.1) - dt.datetime.now(dt.UTC)).total_seconds()))
+    assert "expired" in assert_error(decide(stack, soon["key"]), 401)["error"]  # nor alive 5 hours late
+
+
+def test_an_expiry_more_than_a_hundred_years_ahead_is_a_400(stack: Stack) -> None:
+    now = dt.datetime.now(dt.UTC)
+    with stack.client("admin") as admin:
+        for far in ("9999-12-31T23:59:59-12:00", "9999-12-31T23:59:59",
+                    (now + dt.timedelta(days=101 * 365)).isoformat()):
+            for path in ("/admin/projects/acme/keys", "/admin/admin-keys"):
+                error = assert_error(admin.post(path, json={"expires_at": far}), 400)
+                assert "100 years" in error["error"], (far, error)
+    distant = new_key(stack, expires_at=(now + dt.timedelta(days=99 * 365)).isoformat())
+    assert listed_key(stack, distant["id"])["expires_at"] == distant["expires_at"]
+    assert decide(stack, distant["key"]).status_code == 200
+    with stack.client("admin") as admin:
+        assert body(admin.post(f"/admin/keys/{distant['id']}/revoke"), 200)["revoked_at"]
+
+
 def test_project_keys_never_open_an_admin_route(stack: Stack) -> None:
     """Nor does no key, an unknown or a tampered admin key; and auth comes before the body."""
     for method, path in admin_routes(stack):
