@@ -6,7 +6,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -185,19 +185,37 @@ def revoke_key(session: Session, key_id: int, actor: Actor, *, at: dt.datetime |
 
 def rotate_key(session: Session, hasher: KeyHasher, key_id: int, actor: Actor, *,
                grace_seconds: int) -> tuple[ApiKey, str]:
-    """A new key for the same project; the old one keeps working for ``grace_seconds``."""
+    """A new key for the same project, with the old one's name, expiry and limits; the old one
+    keeps working for ``grace_seconds``. A key is rotated once: a rotated (or revoked, or
+    expired) key is a Conflict, so no grace period is ever extended."""
     if grace_seconds < 0 or grace_seconds > 30 * 86400:
         raise InvalidRequest("grace_seconds must be between 0 and 2592000 (30 days)")
     old = get_key(session, key_id)
-    revoked_at = _aware(old.revoked_at)
-    if revoked_at is not None and revoked_at <= utcnow():
-        raise InvalidRequest(f"key {key_id} is revoked; create a new key instead")
+    now = utcnow()
+    if old.replaced_by_id is not None:
+        raise Conflict(f"key {key_id} was rotated already (its successor is key {old.replaced_by_id}); "
+                       "rotate that one")
+    revoked_at, expires_at = _aware(old.revoked_at), _aware(old.expires_at)
+    if revoked_at is not None and revoked_at <= now:
+        raise Conflict(f"key {key_id} is revoked; create a new key instead")
+    if expires_at is not None and expires_at <= now:
+        raise Conflict(f"key {key_id} has expired; create a new key instead")
     project = session.get(Project, old.project_id) if old.project_id else None
     new, value = create_key(session, hasher, actor, kind=old.kind,
                             project=project.name if project else None, name=old.name,
-                            expires_at=old.expires_at)
-    old.revoked_at = utcnow() + dt.timedelta(seconds=grace_seconds)
-    old.replaced_by_id = new.id
+                            expires_at=expires_at)
+    new.requests_per_minute, new.tokens_per_minute = old.requests_per_minute, old.tokens_per_minute
+    grace_end = now + dt.timedelta(seconds=grace_seconds)
+    if revoked_at is not None:  # a revocation already set for later is not postponed
+        grace_end = min(grace_end, revoked_at)
+    # Only if no other request rotated or revoked it since it was read (several replicas).
+    claimed = session.execute(
+        update(ApiKey).where(ApiKey.id == old.id, ApiKey.replaced_by_id.is_(None),
+                             or_(ApiKey.revoked_at.is_(None), ApiKey.revoked_at > now))
+        .values(revoked_at=grace_end, replaced_by_id=new.id)
+        .execution_options(synchronize_session="fetch"))
+    if claimed.rowcount != 1:  # type: ignore[attr-defined]  # a CursorResult
+        raise Conflict(f"key {key_id} was rotated or revoked by another request just now")
     audit.record(session, actor=actor.name, action="key.rotate", target=f"key:{old.id}:{old.prefix}",
                  request_id=actor.request_id, details={"new_key": new.id, "grace_seconds": grace_seconds})
     return new, value

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -235,10 +236,58 @@ def test_a_rotation_without_grace_stops_the_old_key_at_once(stack: Stack) -> Non
     old = new_key(stack)
     with stack.client("admin") as admin:
         new = body(admin.post(f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 0}), 201)
-        again = assert_error(admin.post(f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 0}), 400)
-    assert "revoked" in again["error"]
+        again = assert_error(admin.post(f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 0}), 409,
+                             "conflict_error")
+    assert "rotated already" in again["error"] and f"key {new['id']}" in again["error"]
     assert_error(decide(stack, old["key"]), 401)
     assert decide(stack, new["key"]).status_code == 200
+
+
+def test_a_rotated_or_revoked_key_cannot_be_rotated_again(stack: Stack) -> None:
+    """Its grace period ends when the first rotation said: a second one neither extends it nor
+    makes another live successor."""
+    old, revoked = new_key(stack), new_key(stack)
+    with stack.client("admin") as admin:
+        new = body(admin.post(f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 1}), 201)
+        grace_end = listed_key(stack, old["id"])["revoked_at"]
+        again = admin.post(f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 2592000})
+        assert "rotated already" in assert_error(again, 409, "conflict_error")["error"]
+        assert body(admin.post(f"/admin/keys/{revoked['id']}/revoke"), 200)["revoked_at"]
+        dead = admin.post(f"/admin/keys/{revoked['id']}/rotate", json={})
+        assert "revoked" in assert_error(dead, 409, "conflict_error")["error"]
+        keys = body(admin.get("/admin/projects/acme/keys"), 200)["data"]
+    assert listed_key(stack, old["id"])["revoked_at"] == grace_end
+    assert [k["id"] for k in keys if k["id"] > revoked["id"]] == [new["id"]]  # one successor only
+    time.sleep(max(0.0, (dt.datetime.fromisoformat(grace_end) - dt.datetime.now(dt.UTC)).total_seconds()))
+    assert_error(decide(stack, old["key"]), 401)
+    assert decide(stack, new["key"]).status_code == 200
+
+
+def test_rotations_at_once_make_one_successor(stack: Stack) -> None:
+    old = new_key(stack)
+
+    def rotate(_: int) -> int:
+        with stack.client("admin") as admin:
+            return admin.post(f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 600}).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = sorted(pool.map(rotate, range(8)))
+    assert codes == [201] + [409] * 7
+    with stack.client("admin") as admin:
+        keys = body(admin.get("/admin/projects/acme/keys"), 200)["data"]
+    assert len([k for k in keys if k["id"] > old["id"]]) == 1
+
+
+def test_a_rotated_key_keeps_its_name_expiry_and_limits(stack: Stack) -> None:
+    expires_at = (dt.datetime.now(dt.UTC) + dt.timedelta(days=3)).isoformat()
+    old = new_key(stack, name="ci", expires_at=expires_at)
+    with stack.client("admin") as admin:
+        limits = {"requests_per_minute": 2, "tokens_per_minute": 100000}
+        assert body(admin.patch(f"/admin/keys/{old['id']}", json=limits), 200)["requests_per_minute"] == 2
+        new = body(admin.post(f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 0}), 201)
+    assert (new["name"], new["expires_at"]) == ("ci", old["expires_at"])
+    assert (new["requests_per_minute"], new["tokens_per_minute"]) == (2, 100000)
+    assert [decide(stack, new["key"]).status_code for _ in range(3)] == [200, 200, 429]
 
 
 def test_an_admin_key_can_be_rotated(stack: Stack) -> None:
