@@ -8,6 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import pydantic_core
 from prometheus_client import start_http_server
 from sqlalchemy.orm import Session
 
@@ -155,6 +156,16 @@ class Components:
     async def in_session(self, work: Callable[[Session], T]) -> T:
         """Run ``work(session)`` in a worker thread, in one transaction."""
         return await self.database.in_session(work)
+
+    async def in_change(self, work: Callable[[Session], T]) -> T:
+        """An admin change: ``work(session)`` in one transaction, and its answer encoded as JSON
+        before the commit. An answer that cannot be sent (text that is no UTF-8 in it) is then a
+        500 with nothing committed, not a change made, audited, and reported as failed."""
+        def checked(session: Session) -> T:
+            answer = work(session)
+            pydantic_core.to_json(answer)  # what FastAPI's encoding of the answer would raise
+            return answer
+        return await self.database.in_session(checked)
 
 
 def _redis_client(settings: Settings) -> Any:

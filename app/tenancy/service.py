@@ -15,6 +15,7 @@ from app.db.models import ApiKey, Organization, Project, utcnow
 from app.errors import Conflict, InvalidRequest, NotFound
 from app.tenancy.keys import KeyHasher
 from app.tenancy.principal import Principal
+from app.text import text_problem
 
 DEFAULT_ORGANIZATION = "default"
 # How far ahead a key may expire. Past it, times leave the range that Python and the databases
@@ -41,6 +42,10 @@ def normalize_allowlist(models: Any) -> list[str] | None:
         models = [m.strip() for m in models.split(",") if m.strip()]
     if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
         raise InvalidRequest("models must be \"all\" or a list of public model names")
+    for model in models:
+        problem = text_problem(model)
+        if problem is not None:
+            raise InvalidRequest(f"a model name in models {problem}")
     return sorted(set(models))
 
 
@@ -58,6 +63,7 @@ def create_organization(session: Session, name: str, actor: Actor) -> Organizati
 
 def _organization(session: Session, name: str | None) -> Organization:
     name = name or DEFAULT_ORGANIZATION
+    _check_name(name, "organization")
     org = session.scalar(select(Organization).where(Organization.name == name))
     if org is None:
         if name != DEFAULT_ORGANIZATION:
@@ -312,8 +318,9 @@ def touch_keys(session: Session, last_used: dict[int, dt.datetime]) -> None:
 def _check_name(name: str, what: str) -> None:
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise InvalidRequest(f"a {what} name must be a non-empty string of at most 200 characters")
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise InvalidRequest(f"a {what} name must not contain control characters")
+    problem = text_problem(name)
+    if problem is not None:
+        raise InvalidRequest(f"a {what} name {problem}")
 
 
 def _expiry(value: dt.datetime) -> dt.datetime:

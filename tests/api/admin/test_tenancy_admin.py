@@ -464,3 +464,37 @@ def test_control_characters_in_names_are_400(stack: Stack) -> None:
                            ("/admin/projects/acme/keys", {"name": "k\x00"})):
             response = admin.post(path, json=body)
             assert_error(response, 400)
+
+
+def raw_json(text: str) -> dict[str, Any]:
+    """A request body sent as it is written: JSON escapes such as a lone "\\ud800" reach the
+    server unchanged (httpx would refuse to encode them)."""
+    return {"content": text.encode(), "headers": JSON}
+
+
+UNSAFE_TEXT = [r"\ud800", r"\udfff", r"\u0000", r"\u001b", r"\u007f", r"\u0085"]
+TENANCY_FIELDS = [  # <u> is where the unsafe text goes
+    ("POST", "/admin/organizations", '{"name": "o<u>"}'),
+    ("POST", "/admin/projects", '{"name": "p<u>"}'),
+    ("POST", "/admin/projects", '{"name": "q", "models": ["nimble", "m<u>"]}'),
+    ("POST", "/admin/projects", '{"name": "r", "organization": "o<u>"}'),
+    ("PATCH", "/admin/projects/acme", '{"models": ["m<u>"]}'),
+    ("POST", "/admin/projects/acme/keys", '{"name": "k<u>"}'),
+    ("POST", "/admin/admin-keys", '{"name": "k<u>"}'),
+]
+
+
+def test_lone_surrogates_and_control_characters_in_any_field_are_400_and_write_nothing(stack: Stack) -> None:
+    """A lone surrogate can be stored but never encoded again: it once made every page that
+    showed it a 500, for good."""
+    before = audit_log(stack)
+    with stack.client("admin") as admin:
+        for method, path, template in TENANCY_FIELDS:
+            for unsafe in UNSAFE_TEXT:
+                response = admin.request(method, path, **raw_json(template.replace("<u>", unsafe)))
+                assert_error(response, 400)
+        for path in ("/admin/projects", "/admin/projects/acme", "/admin/projects/acme/keys", "/admin/audit"):
+            assert admin.get(path).status_code == 200
+        assert [p["name"] for p in body(admin.get("/admin/projects"), 200)["data"]] == ["acme"]
+        assert body(admin.get("/admin/projects/acme"), 200)["models"] == "all"
+    assert audit_log(stack) == before
