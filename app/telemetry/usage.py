@@ -141,7 +141,7 @@ def summary(session: Session, *, project: str | None = None, since: dt.date | No
         query = query.where(Project.name == project)
     if since is not None:
         query = query.where(UsageRecord.at >= dt.datetime.combine(since, dt.time(), dt.UTC))
-    if until is not None:
+    if until is not None and until < dt.date.max:  # the last day there is bounds nothing
         query = query.where(UsageRecord.at < dt.datetime.combine(until + dt.timedelta(days=1), dt.time(), dt.UTC))
     return [
         {"day": str(row.day), "model": row.model, "project": row.project, "requests": row.requests,

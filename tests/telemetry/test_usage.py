@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from app.db.models import UsageRecord
-from tests.support import Stack, assert_error, decision
+from tests.support import Stack, assert_error, body, decision, wait_for
 
 
 def count(stack: Stack) -> int:
@@ -59,6 +59,17 @@ def test_usage_per_day_and_model_for_a_project_and_the_gateway(stack: Stack) -> 
     assert {r["project"] for r in mine} == {"acme"}
     assert none_yesterday == []
     assert len(recent) == 1 and recent[0]["status"] == 200
+
+
+def test_a_range_may_run_from_the_first_to_the_last_day_there_is(stack: Stack) -> None:
+    with stack.client() as client:
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+    with stack.client("admin") as admin:
+        wait_for(lambda: body(admin.get("/admin/usage"), 200)["data"])  # the ledger writes every 0.1 s
+        for path in ("/admin/usage", "/admin/projects/acme/usage"):
+            for params in ({"until": "9999-12-31"}, {"since": "0001-01-01", "until": "9999-12-31"}):
+                rows = body(admin.get(path, params=params), 200)["data"]
+                assert [(r["project"], r["model"], r["requests"]) for r in rows] == [("acme", "nimble", 1)]
 
 
 def test_a_request_without_a_valid_key_is_not_billed(stack: Stack) -> None:
