@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app import audit
 from app.db.models import ApiKey, Organization, Project, utcnow
+from app.db.timestamps import as_utc
 from app.errors import Conflict, InvalidRequest, NotFound
 from app.tenancy.keys import KeyHasher
 from app.tenancy.principal import Principal
@@ -339,9 +340,7 @@ def _expiry(value: dt.datetime) -> dt.datetime:
 
 
 def _aware(value: dt.datetime | None) -> dt.datetime | None:
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=dt.UTC)  # SQLite drops the zone
-    return value
+    return as_utc(value) if value is not None else None
 
 
 def _iso(value: dt.datetime | None) -> str | None:
