@@ -14,7 +14,7 @@ from aiohttp import web
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState
-from tests.support import Stack, assert_error, closed_port
+from tests.support import Stack, assert_error, closed_port, decision
 
 HUGE_ID = 10**20  # past any database integer
 
@@ -268,3 +268,24 @@ def test_an_answer_that_cannot_be_sent_leaves_the_change_uncommitted(stack: Stac
         assert_error(admin.get("/admin/services/odd"), 404)
         assert admin.get("/admin/models").status_code == 200
         assert audit_count(admin) == audited
+
+
+BAD_API_KEYS = ["sekrit\r\nX-Injected: 1", "line\nbreak", "two words", "tab\tbed", "nul\x00", "del\x7f", "caf\u00e9"]
+
+
+def test_an_api_key_that_is_no_bearer_token_is_a_400(admin: httpx.Client, stack: Stack,
+                                                     vllm: tuple[EmulatorServer, VllmState]) -> None:
+    """A line break in it once made every tenant request to the service a 500 (and could smuggle
+    a header into each); Arbiter sends the key as `Authorization: Bearer <key>`."""
+    audited = audit_count(admin)
+    for bad in BAD_API_KEYS:
+        for response in (admin.patch("/admin/services/ollama", json={"api_key": bad}),
+                         admin.post("/admin/services", json={"type": "vllm", "url": vllm[0].url, "api_key": bad})):
+            error = assert_error(response, 400)
+            assert "api_key" in error["error"] and bad not in response.text
+    assert admin.get("/admin/services/ollama").json()["has_credential"] is False
+    assert [s["name"] for s in admin.get("/admin/services").json()["data"]] == ["ollama"]
+    assert audit_count(admin) == audited
+    with stack.client() as client:
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+    assert admin.patch("/admin/services/ollama", json={"api_key": "sk-Fine_key.1~"}).status_code == 200
