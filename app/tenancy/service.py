@@ -14,7 +14,7 @@ from app import audit
 from app.db.models import ApiKey, Organization, Project, utcnow
 from app.db.timestamps import as_utc
 from app.errors import Conflict, InvalidRequest, NotFound
-from app.tenancy.keys import KeyHasher
+from app.tenancy.keys import KeyHasher, same_digest
 from app.tenancy.principal import Principal
 from app.text import text_problem
 
@@ -270,6 +270,10 @@ def load_principal(session: Session, digest: str) -> Principal | None:
     if row is None:
         return None
     key, project = row
+    # The database found the row by its digest; confirm the match in constant time, whatever
+    # the database's comparison (a collation, padding) would call equal.
+    if not same_digest(digest, key.digest):
+        return None
     return Principal(
         key_id=key.id, kind=key.kind, key_prefix=key.prefix,
         project_id=project.id if project else None,
