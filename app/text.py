@@ -1,5 +1,5 @@
 """What text an admin may write into names, lists and other fields: nothing that can be
-stored but not shown again."""
+stored but not shown again, and no name that a URL cannot reach."""
 
 from __future__ import annotations
 
@@ -20,3 +20,14 @@ def text_problem(value: str) -> str | None:
     if found.group() >= "\ud800":
         return "must not contain lone surrogates (\\ud800 to \\udfff)"
     return "must not contain control characters"
+
+
+def path_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a thing in a URL path (``/admin/projects/{name}``), or None. A
+    '/' splits the segment (even sent as %2F: the path is decoded before routing), and clients
+    resolve the segments '.' and '..' away. Anything else can be sent percent-encoded."""
+    if "/" in name:
+        return "must not contain '/' (its URL, /admin/.../{name}, could not name it)"
+    if name in (".", ".."):
+        return "must not be '.' or '..' (URLs drop such path segments)"
+    return None

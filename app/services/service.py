@@ -18,6 +18,7 @@ from app.services.backends import LABELS_ONLY_TYPES, SERVICE_TYPES
 from app.services.credentials import CredentialBox
 from app.settings import Settings
 from app.tenancy.service import Actor
+from app.text import path_name_problem
 from infra_adapters.base import BackendError
 from infra_adapters.ollama import OllamaCloudBackend
 
@@ -79,6 +80,9 @@ def add_service(session: Session, settings: Settings, actor: Actor, *, type: str
     else:
         url = check_url(url or "")
         name = name or default_name(type, url)
+    problem = path_name_problem(name)
+    if problem is not None:
+        raise InvalidRequest(f"a service name {problem}")
     _check_limits(text_limit, timeout, context_length)
     if context_length is not None and type != "ollama":
         raise InvalidRequest("context_length applies to the deployment's own Ollama (type ollama) only")

@@ -16,7 +16,7 @@ from app.db.timestamps import as_utc
 from app.errors import Conflict, InvalidRequest, NotFound
 from app.tenancy.keys import KeyHasher, same_digest
 from app.tenancy.principal import Principal
-from app.text import text_problem
+from app.text import path_name_problem, text_problem
 
 DEFAULT_ORGANIZATION = "default"
 # How far ahead a key may expire. Past it, times leave the range that Python and the databases
@@ -78,6 +78,9 @@ def _organization(session: Session, name: str | None) -> Organization:
 def create_project(session: Session, name: str, actor: Actor, *, models: Any = "all",
                    organization: str | None = None) -> Project:
     _check_name(name, "project")
+    problem = path_name_problem(name)
+    if problem is not None:
+        raise InvalidRequest(f"a project name {problem}")
     allowed = normalize_allowlist(models)
     if session.scalar(select(Project).where(Project.name == name)):
         raise Conflict(f"project '{name}' already exists")

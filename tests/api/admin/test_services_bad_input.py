@@ -51,6 +51,8 @@ def test_add_service_bad_input(admin: httpx.Client, stack: Stack) -> None:
         {"type": "ollama-external", "url": ["http://x"]},
         {"type": "ollama-external", "url": url, "name": ""},
         {"type": "ollama-external", "url": url, "name": "x" * 201},
+        {"type": "ollama-external", "url": url, "name": "a/b"},  # /admin/services/{name} could not reach it
+        {"type": "ollama-external", "url": url, "name": ".."},
         {"type": "ollama-external", "url": url, "api_key": ""},
         {"type": "ollama-external", "url": url, "timeout": 0},
         {"type": "ollama-external", "url": url, "timeout": -1},

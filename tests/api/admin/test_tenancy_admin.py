@@ -7,6 +7,7 @@ import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -498,3 +499,16 @@ def test_lone_surrogates_and_control_characters_in_any_field_are_400_and_write_n
         assert [p["name"] for p in body(admin.get("/admin/projects"), 200)["data"]] == ["acme"]
         assert body(admin.get("/admin/projects/acme"), 200)["models"] == "all"
     assert audit_log(stack) == before
+
+
+def test_a_project_name_is_one_that_its_url_can_reach(stack: Stack) -> None:
+    """/admin/projects/{name}: a '/' (even as %2F) or a '.' / '..' segment cannot name it; any
+    other character can, percent-encoded."""
+    with stack.client("admin") as admin:
+        for name in ("a/b", "/", ".", ".."):
+            error = assert_error(admin.post("/admin/projects", json={"name": name}), 400)
+            assert "URL" in error["error"], (name, error)
+        for name in ("50%", "q?x", "h#1", "two words", "a\\b", "..x", "zażółć"):
+            assert body(admin.post("/admin/projects", json={"name": name}), 201)["name"] == name
+            assert body(admin.get(f"/admin/projects/{quote(name, safe='')}"), 200)["name"] == name
+            assert body(admin.get(f"/admin/projects/{quote(name, safe='')}/keys"), 200)["data"] == []
