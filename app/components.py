@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import pydantic_core
 from prometheus_client import start_http_server
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.changes import ChangeBus
@@ -78,10 +79,16 @@ class Components:
             migrate.upgrade(self.settings.database_url)
         migrate.check_current(self.database.engine, self.settings.database_url)
         if self.settings.bootstrap_admin_key is not None:
-            with self.database.session() as session:
-                if tenancy.ensure_bootstrap_admin_key(
-                        session, self.hasher, self.settings.bootstrap_admin_key.get_secret_value()):
-                    log.info("registered the admin key from ARBITER_BOOTSTRAP_ADMIN_KEY")
+            value = self.settings.bootstrap_admin_key.get_secret_value()
+            try:
+                with self.database.session() as session:
+                    if tenancy.ensure_bootstrap_admin_key(session, self.hasher, value):
+                        log.info("registered the admin key from ARBITER_BOOTSTRAP_ADMIN_KEY")
+            except IntegrityError:
+                # Another replica starting at the same moment registered the same key first.
+                with self.database.session() as session:
+                    if not tenancy.key_registered(session, self.hasher, value):
+                        raise
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()  # for tools and tests that look inside from outside

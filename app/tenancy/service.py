@@ -302,6 +302,11 @@ def any_admin_key(session: Session) -> bool:
     return session.scalar(select(ApiKey.id).where(ApiKey.kind == "admin").limit(1)) is not None
 
 
+def key_registered(session: Session, hasher: KeyHasher, value: str) -> bool:
+    """Whether the key ``value`` is in the database (whatever its state)."""
+    return session.scalar(select(ApiKey.id).where(ApiKey.digest == hasher.digest(value))) is not None
+
+
 def ensure_bootstrap_admin_key(session: Session, hasher: KeyHasher, value: str) -> bool:
     """Register ``value`` as an admin key when none exists yet (first start)."""
     if any_admin_key(session):
