@@ -8,7 +8,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import pydantic_core
 from prometheus_client import start_http_server
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.changes import ChangeBus
@@ -77,10 +79,16 @@ class Components:
             migrate.upgrade(self.settings.database_url)
         migrate.check_current(self.database.engine)
         if self.settings.bootstrap_admin_key is not None:
-            with self.database.session() as session:
-                if tenancy.ensure_bootstrap_admin_key(
-                        session, self.hasher, self.settings.bootstrap_admin_key.get_secret_value()):
-                    log.info("registered the admin key from ARBITER_BOOTSTRAP_ADMIN_KEY")
+            value = self.settings.bootstrap_admin_key.get_secret_value()
+            try:
+                with self.database.session() as session:
+                    if tenancy.ensure_bootstrap_admin_key(session, self.hasher, value):
+                        log.info("registered the admin key from ARBITER_BOOTSTRAP_ADMIN_KEY")
+            except IntegrityError:
+                # Another replica starting at the same moment registered the same key first.
+                with self.database.session() as session:
+                    if not tenancy.key_registered(session, self.hasher, value):
+                        raise
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()  # for tools and tests that look inside from outside
@@ -155,6 +163,16 @@ class Components:
     async def in_session(self, work: Callable[[Session], T]) -> T:
         """Run ``work(session)`` in a worker thread, in one transaction."""
         return await self.database.in_session(work)
+
+    async def in_change(self, work: Callable[[Session], T]) -> T:
+        """An admin change: ``work(session)`` in one transaction, and its answer encoded as JSON
+        before the commit. An answer that cannot be sent (text that is no UTF-8 in it) is then a
+        500 with nothing committed, not a change made, audited, and reported as failed."""
+        def checked(session: Session) -> T:
+            answer = work(session)
+            pydantic_core.to_json(answer)  # what FastAPI's encoding of the answer would raise
+            return answer
+        return await self.database.in_session(checked)
 
 
 def _redis_client(settings: Settings) -> Any:

@@ -18,6 +18,7 @@ from app.services.backends import LABELS_ONLY_TYPES, SERVICE_TYPES
 from app.services.credentials import CredentialBox
 from app.settings import Settings
 from app.tenancy.service import Actor
+from app.text import path_name_problem
 from infra_adapters.base import BackendError
 from infra_adapters.ollama import OllamaCloudBackend
 
@@ -47,6 +48,16 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def check_credential(value: str | None) -> str | None:
+    """A service's API key, sent as ``Authorization: Bearer <key>``: visible ASCII only. A CR or
+    LF would end the header (every request to the service would fail, or carry a header the
+    key smuggled in); a space, a control or a non-ASCII character is no bearer token either."""
+    if value is not None and not all("!" <= c <= "~" for c in value):
+        raise InvalidRequest("api_key must be a bearer token: visible ASCII characters only, without spaces, "
+                             "line breaks or other control characters")
+    return value
+
+
 def default_name(service_type: str, url: str) -> str:
     host = urlsplit(url)
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{service_type}-{host.hostname}-{host.port or ''}").strip("-")
@@ -58,6 +69,7 @@ def add_service(session: Session, settings: Settings, actor: Actor, *, type: str
     """Register a backend, read its version and its models. An unreachable URL is a 400."""
     if type not in SERVICE_TYPES:
         raise InvalidRequest(f"unknown service type {type!r}; use one of: {', '.join(SERVICE_TYPES)}")
+    check_credential(credential)
     if type == "ollama-cloud":
         url = url or OllamaCloudBackend.DEFAULT_URL
         if not credential:
@@ -68,6 +80,9 @@ def add_service(session: Session, settings: Settings, actor: Actor, *, type: str
     else:
         url = check_url(url or "")
         name = name or default_name(type, url)
+    problem = path_name_problem(name)
+    if problem is not None:
+        raise InvalidRequest(f"a service name {problem}")
     _check_limits(text_limit, timeout, context_length)
     if context_length is not None and type != "ollama":
         raise InvalidRequest("context_length applies to the deployment's own Ollama (type ollama) only")
@@ -93,6 +108,7 @@ def update_service(session: Session, settings: Settings, name: str, actor: Actor
                    changes: dict[str, Any]) -> Service:
     """Change a service (url, api_key, text_limit, timeout, context_length, version_override)."""
     service = get_service(session, name)
+    check_credential(changes.get("api_key"))
     _check_limits(changes.get("text_limit"), changes.get("timeout"), changes.get("context_length"))
     if changes.get("context_length") is not None and service.type != "ollama":
         raise InvalidRequest("context_length applies to the deployment's own Ollama (type ollama) only")

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import Project, UsageRecord
 from app.db.session import Database
+from app.db.timestamps import as_utc
 from app.telemetry.record import RequestRecord
 
 log = logging.getLogger("arbiter.usage")
@@ -127,8 +128,9 @@ def _sqlite_text(at: dt.datetime) -> str:
 
 def summary(session: Session, *, project: str | None = None, since: dt.date | None = None,
             until: dt.date | None = None) -> list[dict[str, Any]]:
-    """Usage per day and per model (and per project when no project is named)."""
-    day = func.date(UsageRecord.at)
+    """Usage per day and per model (and per project when no project is named). Days are UTC
+    days, in the buckets as in ``since`` and ``until``."""
+    day = _utc_day(session)
     columns = [day.label("day"), UsageRecord.model, Project.name.label("project"),
                func.count().label("requests"),
                func.sum(UsageRecord.input_tokens).label("input_tokens"),
@@ -141,7 +143,7 @@ def summary(session: Session, *, project: str | None = None, since: dt.date | No
         query = query.where(Project.name == project)
     if since is not None:
         query = query.where(UsageRecord.at >= dt.datetime.combine(since, dt.time(), dt.UTC))
-    if until is not None:
+    if until is not None and until < dt.date.max:  # the last day there is bounds nothing
         query = query.where(UsageRecord.at < dt.datetime.combine(until + dt.timedelta(days=1), dt.time(), dt.UTC))
     return [
         {"day": str(row.day), "model": row.model, "project": row.project, "requests": row.requests,
@@ -151,13 +153,22 @@ def summary(session: Session, *, project: str | None = None, since: dt.date | No
     ]
 
 
+def _utc_day(session: Session) -> Any:
+    """The UTC day of a record's time, as SQL. PostgreSQL's date() of a timestamptz is the day
+    in the session's TimeZone (a libpq PGTZ, a role's or the server's setting); SQLite keeps the
+    UTC time as text."""
+    if session.get_bind().dialect.name == "postgresql":
+        return func.date(func.timezone("UTC", UsageRecord.at))
+    return func.date(UsageRecord.at)
+
+
 def recent(session: Session, *, project: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
     query = (select(UsageRecord, Project.name).outerjoin(Project, Project.id == UsageRecord.project_id)
              .order_by(UsageRecord.id.desc()).limit(limit))
     if project is not None:
         query = query.where(Project.name == project)
     return [
-        {"at": (r.at if r.at.tzinfo else r.at.replace(tzinfo=dt.UTC)).isoformat(), "request_id": r.request_id,
+        {"at": as_utc(r.at).isoformat(), "request_id": r.request_id,
          "project": name, "key_id": r.key_id, "operation": r.operation, "model": r.model,
          "provider": r.provider, "status": r.status, "input_tokens": r.input_tokens,
          "output_tokens": r.output_tokens, "latency_ms": r.latency_ms}

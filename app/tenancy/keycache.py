@@ -80,7 +80,8 @@ class KeyCache:
             _fail(future, exc)
             raise
         finally:
-            self._loading.pop(digest, None)
+            if self._loading.get(digest) is future:  # not a later lookup, started after an invalidate()
+                del self._loading[digest]
         future.set_result(principal)
         # A change (a revocation) made while this lookup ran may not be in what it read: do not
         # cache an answer older than the latest invalidation.
@@ -92,9 +93,11 @@ class KeyCache:
         return principal
 
     def invalidate(self) -> None:
-        """Drop every entry (a key or project changed)."""
+        """Drop every entry (a key or project changed). Lookups in flight may have read the row
+        before the change: requests from now on do not join them but look up again."""
         self._generation += 1
         self._entries.clear()
+        self._loading.clear()
 
 
 def _fail(future: asyncio.Future[Principal | None], error: BaseException) -> None:

@@ -56,7 +56,12 @@ class KeyHasher:
                       last_four=value[-4:])
 
     def matches(self, value: str, digest: str) -> bool:
-        return hmac.compare_digest(self.digest(value), digest)
+        return same_digest(self.digest(value), digest)
+
+
+def same_digest(presented: str, stored: str) -> bool:
+    """Whether two digests are equal, in constant time (SPEC §3)."""
+    return hmac.compare_digest(presented, stored)
 
 
 def kind_of(value: str) -> str | None:

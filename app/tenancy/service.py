@@ -6,17 +6,22 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app import audit
 from app.db.models import ApiKey, Organization, Project, utcnow
+from app.db.timestamps import as_utc
 from app.errors import Conflict, InvalidRequest, NotFound
-from app.tenancy.keys import KeyHasher
+from app.tenancy.keys import KeyHasher, same_digest
 from app.tenancy.principal import Principal
+from app.text import path_name_problem, text_problem
 
 DEFAULT_ORGANIZATION = "default"
+# How far ahead a key may expire. Past it, times leave the range that Python and the databases
+# share (PostgreSQL stores year 10000 in UTC, Python cannot read it back); no expiry means none.
+MAX_KEY_LIFETIME = dt.timedelta(days=36524)  # 100 years
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,10 @@ def normalize_allowlist(models: Any) -> list[str] | None:
         models = [m.strip() for m in models.split(",") if m.strip()]
     if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
         raise InvalidRequest("models must be \"all\" or a list of public model names")
+    for model in models:
+        problem = text_problem(model)
+        if problem is not None:
+            raise InvalidRequest(f"a model name in models {problem}")
     return sorted(set(models))
 
 
@@ -55,6 +64,7 @@ def create_organization(session: Session, name: str, actor: Actor) -> Organizati
 
 def _organization(session: Session, name: str | None) -> Organization:
     name = name or DEFAULT_ORGANIZATION
+    _check_name(name, "organization")
     org = session.scalar(select(Organization).where(Organization.name == name))
     if org is None:
         if name != DEFAULT_ORGANIZATION:
@@ -68,6 +78,9 @@ def _organization(session: Session, name: str | None) -> Organization:
 def create_project(session: Session, name: str, actor: Actor, *, models: Any = "all",
                    organization: str | None = None) -> Project:
     _check_name(name, "project")
+    problem = path_name_problem(name)
+    if problem is not None:
+        raise InvalidRequest(f"a project name {problem}")
     allowed = normalize_allowlist(models)
     if session.scalar(select(Project).where(Project.name == name)):
         raise Conflict(f"project '{name}' already exists")
@@ -130,10 +143,8 @@ def create_key(session: Session, hasher: KeyHasher, actor: Actor, *, kind: str,
         if project_obj.archived:
             raise InvalidRequest(f"project '{project}' is archived; unarchive it first")
         project_id = project_obj.id
-    if expires_at is not None and expires_at.tzinfo is None:
-        expires_at = expires_at.replace(tzinfo=dt.UTC)
-    if expires_at is not None and expires_at <= utcnow():
-        raise InvalidRequest("expires_at is in the past; a key must expire in the future")
+    if expires_at is not None:
+        expires_at = _expiry(expires_at)
     new = hasher.new(kind)
     key = ApiKey(kind=kind, project_id=project_id, name=name, digest=new.digest, prefix=new.prefix,
                  last_four=new.last_four, expires_at=expires_at)
@@ -184,19 +195,37 @@ def revoke_key(session: Session, key_id: int, actor: Actor, *, at: dt.datetime |
 
 def rotate_key(session: Session, hasher: KeyHasher, key_id: int, actor: Actor, *,
                grace_seconds: int) -> tuple[ApiKey, str]:
-    """A new key for the same project; the old one keeps working for ``grace_seconds``."""
+    """A new key for the same project, with the old one's name, expiry and limits; the old one
+    keeps working for ``grace_seconds``. A key is rotated once: a rotated (or revoked, or
+    expired) key is a Conflict, so no grace period is ever extended."""
     if grace_seconds < 0 or grace_seconds > 30 * 86400:
         raise InvalidRequest("grace_seconds must be between 0 and 2592000 (30 days)")
     old = get_key(session, key_id)
-    revoked_at = _aware(old.revoked_at)
-    if revoked_at is not None and revoked_at <= utcnow():
-        raise InvalidRequest(f"key {key_id} is revoked; create a new key instead")
+    now = utcnow()
+    if old.replaced_by_id is not None:
+        raise Conflict(f"key {key_id} was rotated already (its successor is key {old.replaced_by_id}); "
+                       "rotate that one")
+    revoked_at, expires_at = _aware(old.revoked_at), _aware(old.expires_at)
+    if revoked_at is not None and revoked_at <= now:
+        raise Conflict(f"key {key_id} is revoked; create a new key instead")
+    if expires_at is not None and expires_at <= now:
+        raise Conflict(f"key {key_id} has expired; create a new key instead")
     project = session.get(Project, old.project_id) if old.project_id else None
     new, value = create_key(session, hasher, actor, kind=old.kind,
                             project=project.name if project else None, name=old.name,
-                            expires_at=old.expires_at)
-    old.revoked_at = utcnow() + dt.timedelta(seconds=grace_seconds)
-    old.replaced_by_id = new.id
+                            expires_at=expires_at)
+    new.requests_per_minute, new.tokens_per_minute = old.requests_per_minute, old.tokens_per_minute
+    grace_end = now + dt.timedelta(seconds=grace_seconds)
+    if revoked_at is not None:  # a revocation already set for later is not postponed
+        grace_end = min(grace_end, revoked_at)
+    # Only if no other request rotated or revoked it since it was read (several replicas).
+    claimed = session.execute(
+        update(ApiKey).where(ApiKey.id == old.id, ApiKey.replaced_by_id.is_(None),
+                             or_(ApiKey.revoked_at.is_(None), ApiKey.revoked_at > now))
+        .values(revoked_at=grace_end, replaced_by_id=new.id)
+        .execution_options(synchronize_session="fetch"))
+    if claimed.rowcount != 1:  # type: ignore[attr-defined]  # a CursorResult
+        raise Conflict(f"key {key_id} was rotated or revoked by another request just now")
     audit.record(session, actor=actor.name, action="key.rotate", target=f"key:{old.id}:{old.prefix}",
                  request_id=actor.request_id, details={"new_key": new.id, "grace_seconds": grace_seconds})
     return new, value
@@ -244,6 +273,10 @@ def load_principal(session: Session, digest: str) -> Principal | None:
     if row is None:
         return None
     key, project = row
+    # The database found the row by its digest; confirm the match in constant time, whatever
+    # the database's comparison (a collation, padding) would call equal.
+    if not same_digest(digest, key.digest):
+        return None
     return Principal(
         key_id=key.id, kind=key.kind, key_prefix=key.prefix,
         project_id=project.id if project else None,
@@ -267,6 +300,11 @@ def principal_by_id(session: Session, key_id: int) -> Principal | None:
 
 def any_admin_key(session: Session) -> bool:
     return session.scalar(select(ApiKey.id).where(ApiKey.kind == "admin").limit(1)) is not None
+
+
+def key_registered(session: Session, hasher: KeyHasher, value: str) -> bool:
+    """Whether the key ``value`` is in the database (whatever its state)."""
+    return session.scalar(select(ApiKey.id).where(ApiKey.digest == hasher.digest(value))) is not None
 
 
 def ensure_bootstrap_admin_key(session: Session, hasher: KeyHasher, value: str) -> bool:
@@ -293,14 +331,28 @@ def touch_keys(session: Session, last_used: dict[int, dt.datetime]) -> None:
 def _check_name(name: str, what: str) -> None:
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise InvalidRequest(f"a {what} name must be a non-empty string of at most 200 characters")
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise InvalidRequest(f"a {what} name must not contain control characters")
+    problem = text_problem(name)
+    if problem is not None:
+        raise InvalidRequest(f"a {what} name {problem}")
+
+
+def _expiry(value: dt.datetime) -> dt.datetime:
+    """A key's expiry as stored: in UTC (SQLite keeps a time's digits and drops its zone, so
+    14:00+05:00 stored as it is would read back as 14:00 UTC), in the future, at most
+    MAX_KEY_LIFETIME ahead. No zone means UTC."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    ahead = value - utcnow()  # exact for any zone, even where the UTC time would leave Python's range
+    if ahead <= dt.timedelta(0):
+        raise InvalidRequest("expires_at is in the past; a key must expire in the future")
+    if ahead > MAX_KEY_LIFETIME:
+        raise InvalidRequest("expires_at is more than 100 years ahead; leave it out for a key that "
+                             "does not expire")
+    return value.astimezone(dt.UTC)
 
 
 def _aware(value: dt.datetime | None) -> dt.datetime | None:
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=dt.UTC)  # SQLite drops the zone
-    return value
+    return as_utc(value) if value is not None else None
 
 
 def _iso(value: dt.datetime | None) -> str | None:

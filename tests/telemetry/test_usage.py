@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select
 
-from app.db.models import UsageRecord
-from tests.support import Stack, assert_error, decision
+from app.db.models import Project, UsageRecord
+from app.db.session import Database
+from tests.support import Gateway, Stack, assert_error, body, decision, wait_for
 
 
 def count(stack: Stack) -> int:
@@ -59,6 +62,44 @@ def test_usage_per_day_and_model_for_a_project_and_the_gateway(stack: Stack) -> 
     assert {r["project"] for r in mine} == {"acme"}
     assert none_yesterday == []
     assert len(recent) == 1 and recent[0]["status"] == 200
+
+
+def test_a_range_may_run_from_the_first_to_the_last_day_there_is(stack: Stack) -> None:
+    with stack.client() as client:
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+    with stack.client("admin") as admin:
+        wait_for(lambda: body(admin.get("/admin/usage"), 200)["data"])  # the ledger writes every 0.1 s
+        for path in ("/admin/usage", "/admin/projects/acme/usage"):
+            for params in ({"until": "9999-12-31"}, {"since": "0001-01-01", "until": "9999-12-31"}):
+                rows = body(admin.get(path, params=params), 200)["data"]
+                assert [(r["project"], r["model"], r["requests"]) for r in rows] == [("acme", "nimble", 1)]
+
+
+def test_days_and_times_are_utc_whatever_the_database_session_s_time_zone(
+        db: Database, monkeypatch: pytest.MonkeyPatch, gateway_factory: Callable[..., Gateway]) -> None:
+    """PostgreSQL's date() of a timestamptz is the day in the session's TimeZone: here Tokyo's,
+    through libpq's PGTZ, where 23:30 UTC is already the next day."""
+    if not db.url.startswith("postgresql"):
+        pytest.skip("a session time zone is PostgreSQL's: this runs in the PostgreSQL pass")
+    stack = Stack.provision(db)
+    with db.session() as session:
+        project = session.scalar(select(Project.id).where(Project.name == "acme"))
+        for hour in (1, 23):
+            session.add(UsageRecord(at=dt.datetime(2024, 1, 1, hour, 30, tzinfo=dt.UTC), request_id=f"r{hour}",
+                                    project_id=project, operation="decision", model="nimble", status=200,
+                                    input_tokens=10, output_tokens=1, latency_ms=1.0))
+    monkeypatch.setenv("PGTZ", "Asia/Tokyo")
+    gateway = gateway_factory()
+    with gateway.client(stack.admin_key) as admin:
+        for path in ("/admin/usage", "/admin/projects/acme/usage"):
+            for params in ({}, {"since": "2024-01-01", "until": "2024-01-01"}):
+                rows = body(admin.get(path, params=params), 200)["data"]
+                assert [(r["day"], r["requests"]) for r in rows] == [("2024-01-01", 2)], (path, params)
+        times = [r["at"] for r in body(admin.get("/admin/usage/recent"), 200)["data"]]
+        times += [k["created_at"] for k in body(admin.get("/admin/projects/acme/keys"), 200)["data"]]
+        times += [e["at"] for e in body(admin.get("/admin/audit"), 200)["data"]]
+    assert times[:2] == ["2024-01-01T23:30:00+00:00", "2024-01-01T01:30:00+00:00"]
+    assert all(t.endswith("+00:00") for t in times), times  # shown in UTC too
 
 
 def test_a_request_without_a_valid_key_is_not_billed(stack: Stack) -> None:

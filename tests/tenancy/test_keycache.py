@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime as dt
 import threading
 import time
 from typing import Any
@@ -102,6 +104,34 @@ def test_a_lookup_that_raced_a_revocation_is_not_cached() -> None:
         return calls
 
     assert asyncio.run(scenario()) == 2  # the second request read again
+
+
+def test_a_request_after_a_revocation_does_not_join_a_lookup_from_before_it() -> None:
+    """A lookup reads the row, the key is revoked and the cache invalidated, then a request
+    comes: it must not share the first lookup's stale "not revoked" answer."""
+    revoked = threading.Event()
+    release = threading.Event()
+
+    def loader(_digest: str) -> Principal:
+        was_revoked = revoked.is_set()  # what the database said when this lookup read it
+        release.wait(5)
+        now = dt.datetime.now(dt.UTC)
+        return dataclasses.replace(principal(), revoked_at=now if was_revoked else None)
+
+    async def scenario() -> tuple[Any, Any]:
+        cache = KeyCache(HASHER, loader, ttl=60)
+        before = asyncio.ensure_future(cache.authenticate(f"Bearer {KEY}", "project"))
+        await asyncio.sleep(0.05)  # the lookup has read the row
+        revoked.set()
+        cache.invalidate()  # what the admin API does once the revocation is committed
+        after = asyncio.ensure_future(cache.authenticate(f"Bearer {KEY}", "project"))
+        await asyncio.sleep(0.05)
+        release.set()
+        return tuple(await asyncio.gather(before, after, return_exceptions=True))
+
+    before, after = asyncio.run(scenario())
+    assert isinstance(before, Principal)  # in flight before the revocation: served as it was
+    assert isinstance(after, AuthenticationFailed) and "revoked" in str(after)
 
 
 def test_waiters_are_released_whatever_the_loader_raises() -> None:

@@ -8,7 +8,9 @@ import string
 
 import pytest
 
+from app.db.session import Database
 from app.tenancy import keys
+from app.tenancy import service as tenancy
 from app.tenancy.keys import (
     ADMIN_PREFIX,
     MAX_KEY_LENGTH,
@@ -17,6 +19,7 @@ from app.tenancy.keys import (
     bearer_token,
     kind_of,
 )
+from app.tenancy.service import CLI
 
 BASE62 = set(string.digits + string.ascii_letters)
 
@@ -113,6 +116,29 @@ def test_matches_uses_a_constant_time_compare(monkeypatch: pytest.MonkeyPatch) -
     assert hasher.matches("arb_proj_x", hasher.digest("arb_proj_x"))
     assert not hasher.matches("arb_proj_y", hasher.digest("arb_proj_x"))
     assert len(calls) == 2
+
+
+def test_a_key_found_by_its_digest_is_compared_in_constant_time(db: Database,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lookups are by digest (an index); the row found is then compared in constant time."""
+    hasher = KeyHasher()
+    with db.session() as session:
+        tenancy.create_project(session, "acme", CLI)
+        _, value = tenancy.create_key(session, hasher, CLI, kind="project", project="acme")
+    calls: list[tuple[str, str]] = []
+    real = hmac.compare_digest
+
+    def spy(a: str, b: str) -> bool:
+        calls.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(keys.hmac, "compare_digest", spy)
+    digest = hasher.digest(value)
+    with db.session() as session:
+        found = tenancy.load_principal(session, digest)
+        assert tenancy.load_principal(session, hasher.digest(value + "x")) is None
+    assert found is not None and found.project_name == "acme"
+    assert calls == [(digest, digest)]
 
 
 @pytest.mark.parametrize(

@@ -60,6 +60,36 @@ def test_a_key_limit_is_its_own(stack: Stack, limited: Any) -> None:
         assert client.post("/v1/systemone", json=decision()).status_code == 200
 
 
+def throttled_key(stack: Stack, gateway: Any, **limits: Any) -> tuple[str, str]:
+    """A new key of project acme with ``limits`` of its own, and another new key without."""
+    with gateway.client(stack.admin_key) as admin:
+        throttled = admin.post("/admin/projects/acme/keys", json={}).json()
+        assert admin.patch(f"/admin/keys/{throttled['id']}", json=limits).status_code == 200
+        return throttled["key"], admin.post("/admin/projects/acme/keys", json={}).json()["key"]
+
+
+def test_a_refused_request_spends_none_of_the_project_s_requests(stack: Stack, limited: Any) -> None:
+    """A key over its own limit does not use up its project's, and so lock out every other key."""
+    set_project_limits(stack, limited, requests_per_minute=4)
+    throttled, other = throttled_key(stack, limited, requests_per_minute=1)
+    with limited.client(throttled) as client:
+        assert [client.post("/v1/systemone", json=decision()).status_code for _ in range(6)] == [200] + [429] * 5
+    with limited.client(other) as client:  # three of the project's four requests are left
+        assert [client.post("/v1/systemone", json=decision()).status_code for _ in range(4)] == [200] * 3 + [429]
+
+
+def test_a_refused_request_spends_none_of_the_project_s_tokens(stack: Stack, limited: Any) -> None:
+    with limited.client(stack.project_key) as client:
+        used = client.post("/v1/systemone", json=decision()).json()["usage"]
+    per_request = used["input_tokens"] + used["output_tokens"]
+    set_project_limits(stack, limited, tokens_per_minute=per_request + 2)
+    throttled, other = throttled_key(stack, limited, tokens_per_minute=1)
+    with limited.client(throttled) as client:  # the answer puts the key in debt
+        assert [client.post("/v1/systemone", json=decision()).status_code for _ in range(6)] == [200] + [429] * 5
+    with limited.client(other) as client:  # the project has two tokens left; five refusals took none
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+
+
 def test_tokens_per_minute_are_charged_after_the_answer(stack: Stack, limited: Any) -> None:
     with limited.client(stack.project_key) as client:
         used = client.post("/v1/systemone", json=decision()).json()["usage"]

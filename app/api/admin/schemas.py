@@ -1,11 +1,35 @@
-"""Request bodies of the admin API. Unknown fields are refused (400)."""
+"""Request bodies of the admin API. Unknown fields are refused (400), and so is text with a
+control character or a lone surrogate in any string field (``SafeStr``), before anything is
+written."""
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic_core import PydanticCustomError
+
+from app.text import text_problem
+
+
+def _safe(value: str) -> str:
+    problem = text_problem(value)
+    if problem is not None:  # the value is not echoed: it may not even be encodable
+        raise PydanticCustomError("unsafe_text", problem)
+    return value
+
+
+SafeStr = Annotated[str, AfterValidator(_safe)]
+
+
+def _allowlist_kind(value: object) -> str:
+    return "all" if isinstance(value, str) else "list"
+
+
+# "all" or a list of public model names; an error names the form the value took.
+Allowlist = Annotated[Annotated[Literal["all"], Tag("all")] | Annotated[list[SafeStr], Tag("list")],
+                      Discriminator(_allowlist_kind)]
 
 
 class _Strict(BaseModel):
@@ -13,17 +37,17 @@ class _Strict(BaseModel):
 
 
 class OrganizationCreate(_Strict):
-    name: str = Field(min_length=1, max_length=200)
+    name: SafeStr = Field(min_length=1, max_length=200)
 
 
 class ProjectCreate(_Strict):
-    name: str = Field(min_length=1, max_length=200)
-    models: Literal["all"] | list[str] = "all"
-    organization: str | None = None
+    name: SafeStr = Field(min_length=1, max_length=200)
+    models: Allowlist = "all"
+    organization: SafeStr | None = Field(None, max_length=200)
 
 
 class ProjectUpdate(_Strict):
-    models: Literal["all"] | list[str] | None = None
+    models: Allowlist | None = None
     archived: bool | None = None
     requests_per_minute: int | None = Field(None, ge=1, le=10**12)
     tokens_per_minute: int | None = Field(None, ge=1, le=10**12)
@@ -35,7 +59,7 @@ class KeyUpdate(_Strict):
 
 
 class KeyCreate(_Strict):
-    name: str = Field("", max_length=200)
+    name: SafeStr = Field("", max_length=200)
     expires_at: dt.datetime | None = None
 
 
@@ -44,9 +68,9 @@ class KeyRotate(_Strict):
 
 
 class ServiceCreate(_Strict):
-    type: str
-    url: str | None = Field(None, min_length=1, max_length=2000)
-    name: str | None = Field(None, min_length=1, max_length=200)
+    type: SafeStr = Field(max_length=100)
+    url: SafeStr | None = Field(None, min_length=1, max_length=2000)
+    name: SafeStr | None = Field(None, min_length=1, max_length=200)
     api_key: str | None = Field(None, min_length=1, max_length=4096)
     text_limit: int | None = Field(None, gt=0)
     timeout: float | None = Field(None, gt=0, le=3600)
@@ -54,29 +78,29 @@ class ServiceCreate(_Strict):
 
 
 class ServiceUpdate(_Strict):
-    url: str | None = Field(None, min_length=1, max_length=2000)
+    url: SafeStr | None = Field(None, min_length=1, max_length=2000)
     api_key: str | None = Field(None, min_length=1, max_length=4096)
     text_limit: int | None = Field(None, gt=0)
     timeout: float | None = Field(None, gt=0, le=3600)
     context_length: int | None = Field(None, ge=256, le=1 << 21)
-    version_override: str | None = Field(None, min_length=1, max_length=100)
+    version_override: SafeStr | None = Field(None, min_length=1, max_length=100)
 
 
 class ModelInstallRequest(_Strict):
-    model: str = Field(min_length=1, max_length=200)
-    capabilities: list[str] | None = None
-    public_name: str | None = Field(None, min_length=1, max_length=200)
+    model: SafeStr = Field(min_length=1, max_length=200)
+    capabilities: list[SafeStr] | None = None
+    public_name: SafeStr | None = Field(None, min_length=1, max_length=200)
     # Install even though a known mesh peer is too old for decision models (it then refuses
     # this node's model list); without it, such an install answers 409 mesh_warning.
     confirm: bool = False
 
 
 class ModelUpdate(_Strict):
-    public_name: str | None = Field(None, min_length=1, max_length=200)
+    public_name: SafeStr | None = Field(None, min_length=1, max_length=200)
     timeout: float | None = Field(None, gt=0, le=3600)
     # "labels": answer decisions by reading label-token logprobs; null: the model's own way.
     read_strategy: Literal["labels"] | None = None
 
 
 class MeshPeerCreate(_Strict):
-    url: str = Field(min_length=8, max_length=500)
+    url: SafeStr = Field(min_length=8, max_length=500)

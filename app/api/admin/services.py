@@ -29,7 +29,7 @@ async def add_service(body: ServiceCreate, actor: AdminDep, c: ComponentsDep) ->
                                        timeout=body.timeout, context_length=body.context_length)
         return {**services.service_view(service),
                 "models": [services.model_view(m, service) for m in services.service_models(s, service)]}
-    view = await c.in_session(work)
+    view = await c.in_change(work)
     await c.changed_models()
     return with_backoffs(view, c)
 
@@ -42,7 +42,7 @@ async def get_service(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str
 @router.patch("/services/{name}")
 async def update_service(name: str, body: ServiceUpdate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     changes = body.model_dump(exclude_unset=True)
-    view = await c.in_session(lambda s: services.service_view(
+    view = await c.in_change(lambda s: services.service_view(
         services.update_service(s, c.settings, name, actor, changes)))
     await c.changed_models()
     return with_backoffs(view, c)
@@ -56,7 +56,7 @@ def with_backoffs(view: dict[str, Any], c: Any) -> dict[str, Any]:
 
 @router.delete("/services/{name}", status_code=204)
 async def remove_service(name: str, actor: AdminDep, c: ComponentsDep) -> None:
-    await c.in_session(lambda s: services.remove_service(s, name, actor))
+    await c.in_change(lambda s: services.remove_service(s, name, actor))
     await c.changed_models()
 
 
@@ -66,7 +66,7 @@ async def refresh_service(name: str, actor: AdminDep, c: ComponentsDep) -> dict[
         service = services.get_service(s, name)
         sync.sync_service(s, c.settings, service, actor=actor)
         return services.service_view(service)
-    view = await c.in_session(work)
+    view = await c.in_change(work)
     await c.changed_models()
     return view
 

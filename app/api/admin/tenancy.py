@@ -24,8 +24,10 @@ router = APIRouter(prefix="/admin", route_class=AdminRoute)
 
 @router.post("/organizations", status_code=201)
 async def create_organization(body: OrganizationCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
-    org = await c.in_session(lambda s: tenancy.create_organization(s, body.name, actor))
-    return {"id": org.id, "name": org.name}
+    def work(s: Session) -> dict[str, Any]:
+        org = tenancy.create_organization(s, body.name, actor)
+        return {"id": org.id, "name": org.name}
+    return await c.in_change(work)
 
 
 @router.get("/projects")
@@ -35,7 +37,7 @@ async def list_projects(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
 
 @router.post("/projects", status_code=201)
 async def create_project(body: ProjectCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
-    return await c.in_session(lambda s: tenancy.project_view(tenancy.create_project(
+    return await c.in_change(lambda s: tenancy.project_view(tenancy.create_project(
         s, body.name, actor, models=body.models, organization=body.organization)))
 
 
@@ -48,7 +50,7 @@ async def get_project(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str
 async def update_project(name: str, body: ProjectUpdate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     limits: dict[str, int | None] = {f: getattr(body, f) for f in ("requests_per_minute", "tokens_per_minute")
                                      if f in body.model_fields_set}
-    view = await c.in_session(lambda s: tenancy.project_view(tenancy.update_project(
+    view = await c.in_change(lambda s: tenancy.project_view(tenancy.update_project(
         s, name, actor, models=body.models, archived=body.archived,
         set_models="models" in body.model_fields_set, limits=limits)))
     await c.changed_keys()
@@ -67,7 +69,7 @@ async def create_project_key(name: str, body: KeyCreate, actor: AdminDep, c: Com
         key, value = tenancy.create_key(s, c.hasher, actor, kind="project", project=name,
                                         name=body.name, expires_at=body.expires_at)
         return {**tenancy.key_view(key, name), "key": value}
-    return await c.in_session(work)
+    return await c.in_change(work)
 
 
 @router.get("/admin-keys")
@@ -81,14 +83,14 @@ async def create_admin_key(body: KeyCreate, actor: AdminDep, c: ComponentsDep) -
         key, value = tenancy.create_key(s, c.hasher, actor, kind="admin", name=body.name,
                                         expires_at=body.expires_at)
         return {**tenancy.key_view(key), "key": value}
-    return await c.in_session(work)
+    return await c.in_change(work)
 
 
 @router.patch("/keys/{key_id}")
 async def update_key(key_id: int, body: KeyUpdate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     """A key's own limits (requests and tokens per minute; null: none)."""
     limits = body.model_dump(exclude_unset=True)
-    view = await c.in_session(lambda s: tenancy.key_view(tenancy.set_key_limits(s, key_id, actor, limits)))
+    view = await c.in_change(lambda s: tenancy.key_view(tenancy.set_key_limits(s, key_id, actor, limits)))
     await c.changed_keys()
     return view
 
@@ -98,7 +100,7 @@ async def revoke_key(key_id: int, actor: AdminDep, c: ComponentsDep) -> dict[str
     def work(s: Session) -> dict[str, Any]:
         key = tenancy.revoke_key(s, key_id, actor)
         return tenancy.key_view(key, tenancy.key_project_name(s, key))
-    view = await c.in_session(work)
+    view = await c.in_change(work)
     await c.changed_keys()
     return view
 
@@ -108,7 +110,7 @@ async def rotate_key(key_id: int, body: KeyRotate, actor: AdminDep, c: Component
     def work(s: Session) -> dict[str, Any]:
         key, value = tenancy.rotate_key(s, c.hasher, key_id, actor, grace_seconds=body.grace_seconds)
         return {**tenancy.key_view(key, tenancy.key_project_name(s, key)), "key": value}
-    view = await c.in_session(work)
+    view = await c.in_change(work)
     await c.changed_keys()
     return view
 

@@ -9,11 +9,12 @@ from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState
-from tests.support import Stack, assert_error, closed_port
+from tests.support import Stack, assert_error, closed_port, decision
 
 HUGE_ID = 10**20  # past any database integer
 
@@ -50,6 +51,8 @@ def test_add_service_bad_input(admin: httpx.Client, stack: Stack) -> None:
         {"type": "ollama-external", "url": ["http://x"]},
         {"type": "ollama-external", "url": url, "name": ""},
         {"type": "ollama-external", "url": url, "name": "x" * 201},
+        {"type": "ollama-external", "url": url, "name": "a/b"},  # /admin/services/{name} could not reach it
+        {"type": "ollama-external", "url": url, "name": ".."},
         {"type": "ollama-external", "url": url, "api_key": ""},
         {"type": "ollama-external", "url": url, "timeout": 0},
         {"type": "ollama-external", "url": url, "timeout": -1},
@@ -217,3 +220,74 @@ def test_a_service_url_with_credentials_is_refused(stack: Any) -> None:
         response = admin.post("/admin/services", json={"type": "vllm", "url": "http://user:secret@127.0.0.1:9/"})
     error = assert_error(response, 400)
     assert "secret" not in response.text and "api_key" in error["error"]
+
+
+UNSAFE_TEXT = [r"\ud800", r"\u0000", r"\u001b", r"\u007f", r"\u0085"]
+
+
+def test_lone_surrogates_and_control_characters_are_400_and_write_nothing(admin: httpx.Client,
+                                                                          stack: Stack) -> None:
+    url, model_id = stack.ollama.url, nimble_id(admin)
+    audited = audit_count(admin)
+    fields = [  # <u> is where the unsafe text goes
+        ("POST", "/admin/services", f'{{"type": "vllm<u>", "url": "{url}"}}'),
+        ("POST", "/admin/services", f'{{"type": "ollama-external", "url": "{url}<u>"}}'),
+        ("POST", "/admin/services", f'{{"type": "ollama-external", "url": "{url}", "name": "n<u>"}}'),
+        ("PATCH", "/admin/services/ollama", f'{{"url": "{url}<u>"}}'),
+        ("PATCH", "/admin/services/ollama", '{"version_override": "0.35.0<u>"}'),
+        ("POST", "/admin/services/ollama/models", '{"model": "m<u>", "capabilities": ["completion"]}'),
+        ("POST", "/admin/services/ollama/models", '{"model": "m", "capabilities": ["completion<u>"]}'),
+        ("POST", "/admin/services/ollama/models", '{"model": "tev1", "public_name": "t<u>"}'),
+        ("PATCH", f"/admin/models/{model_id}", '{"public_name": "n<u>"}'),
+        ("POST", "/admin/mesh/peers", '{"url": "http://127.0.0.1:9/<u>"}'),
+    ]
+    for method, path, template in fields:
+        for unsafe in UNSAFE_TEXT:
+            response = admin.request(method, path, content=template.replace("<u>", unsafe).encode(),
+                                     headers={"content-type": "application/json"})
+            assert_error(response, 400)
+    assert [s["name"] for s in admin.get("/admin/services").json()["data"]] == ["ollama"]
+    assert admin.get(f"/admin/models/{model_id}").json()["public_name"] == "nimble"
+    assert admin.get("/admin/services/ollama").json()["version_override"] is None
+    assert admin.get("/admin/installs").json()["data"] == []
+    assert audit_count(admin) == audited
+
+
+def test_an_answer_that_cannot_be_sent_leaves_the_change_uncommitted(stack: Stack) -> None:
+    """An Ollama whose model has a capability with a lone surrogate in it: stored, that text
+    could never be encoded again (every model list a 500). The answer fails, so must the change."""
+    odd = web.Application()
+    odd.router.add_get("/api/version", lambda _: web.json_response({"version": "0.35.0"}))
+    odd.router.add_get("/api/tags", lambda _: web.json_response({"models": [{"name": "odd:latest"}]}))
+    odd.router.add_post("/api/show", lambda _: web.Response(body=b'{"capabilities": ["completion\\ud800"]}',
+                                                            content_type="application/json"))
+    with stack.client("admin") as admin:
+        audited = audit_count(admin)
+    with EmulatorServer(odd) as server, stack.client("admin") as admin:
+        response = admin.post("/admin/services", json={"type": "ollama-external", "url": server.url, "name": "odd"})
+    assert_error(response, 500, "internal_error")
+    with stack.client("admin") as admin:  # a new connection: the server closes one after a 500
+        assert_error(admin.get("/admin/services/odd"), 404)
+        assert admin.get("/admin/models").status_code == 200
+        assert audit_count(admin) == audited
+
+
+BAD_API_KEYS = ["sekrit\r\nX-Injected: 1", "line\nbreak", "two words", "tab\tbed", "nul\x00", "del\x7f", "caf\u00e9"]
+
+
+def test_an_api_key_that_is_no_bearer_token_is_a_400(admin: httpx.Client, stack: Stack,
+                                                     vllm: tuple[EmulatorServer, VllmState]) -> None:
+    """A line break in it once made every tenant request to the service a 500 (and could smuggle
+    a header into each); Arbiter sends the key as `Authorization: Bearer <key>`."""
+    audited = audit_count(admin)
+    for bad in BAD_API_KEYS:
+        for response in (admin.patch("/admin/services/ollama", json={"api_key": bad}),
+                         admin.post("/admin/services", json={"type": "vllm", "url": vllm[0].url, "api_key": bad})):
+            error = assert_error(response, 400)
+            assert "api_key" in error["error"] and bad not in response.text
+    assert admin.get("/admin/services/ollama").json()["has_credential"] is False
+    assert [s["name"] for s in admin.get("/admin/services").json()["data"]] == ["ollama"]
+    assert audit_count(admin) == audited
+    with stack.client() as client:
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+    assert admin.patch("/admin/services/ollama", json={"api_key": "sk-Fine_key.1~"}).status_code == 200

@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -235,10 +237,58 @@ def test_a_rotation_without_grace_stops_the_old_key_at_once(stack: Stack) -> Non
     old = new_key(stack)
     with stack.client("admin") as admin:
         new = body(admin.post(f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 0}), 201)
-        again = assert_error(admin.post(f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 0}), 400)
-    assert "revoked" in again["error"]
+        again = assert_error(admin.post(f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 0}), 409,
+                             "conflict_error")
+    assert "rotated already" in again["error"] and f"key {new['id']}" in again["error"]
     assert_error(decide(stack, old["key"]), 401)
     assert decide(stack, new["key"]).status_code == 200
+
+
+def test_a_rotated_or_revoked_key_cannot_be_rotated_again(stack: Stack) -> None:
+    """Its grace period ends when the first rotation said: a second one neither extends it nor
+    makes another live successor."""
+    old, revoked = new_key(stack), new_key(stack)
+    with stack.client("admin") as admin:
+        new = body(admin.post(f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 1}), 201)
+        grace_end = listed_key(stack, old["id"])["revoked_at"]
+        again = admin.post(f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 2592000})
+        assert "rotated already" in assert_error(again, 409, "conflict_error")["error"]
+        assert body(admin.post(f"/admin/keys/{revoked['id']}/revoke"), 200)["revoked_at"]
+        dead = admin.post(f"/admin/keys/{revoked['id']}/rotate", json={})
+        assert "revoked" in assert_error(dead, 409, "conflict_error")["error"]
+        keys = body(admin.get("/admin/projects/acme/keys"), 200)["data"]
+    assert listed_key(stack, old["id"])["revoked_at"] == grace_end
+    assert [k["id"] for k in keys if k["id"] > revoked["id"]] == [new["id"]]  # one successor only
+    time.sleep(max(0.0, (dt.datetime.fromisoformat(grace_end) - dt.datetime.now(dt.UTC)).total_seconds()))
+    assert_error(decide(stack, old["key"]), 401)
+    assert decide(stack, new["key"]).status_code == 200
+
+
+def test_rotations_at_once_make_one_successor(stack: Stack) -> None:
+    old = new_key(stack)
+
+    def rotate(_: int) -> int:
+        with stack.client("admin") as admin:
+            return admin.post(f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 600}).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = sorted(pool.map(rotate, range(8)))
+    assert codes == [201] + [409] * 7
+    with stack.client("admin") as admin:
+        keys = body(admin.get("/admin/projects/acme/keys"), 200)["data"]
+    assert len([k for k in keys if k["id"] > old["id"]]) == 1
+
+
+def test_a_rotated_key_keeps_its_name_expiry_and_limits(stack: Stack) -> None:
+    expires_at = (dt.datetime.now(dt.UTC) + dt.timedelta(days=3)).isoformat()
+    old = new_key(stack, name="ci", expires_at=expires_at)
+    with stack.client("admin") as admin:
+        limits = {"requests_per_minute": 2, "tokens_per_minute": 100000}
+        assert body(admin.patch(f"/admin/keys/{old['id']}", json=limits), 200)["requests_per_minute"] == 2
+        new = body(admin.post(f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 0}), 201)
+    assert (new["name"], new["expires_at"]) == ("ci", old["expires_at"])
+    assert (new["requests_per_minute"], new["tokens_per_minute"]) == (2, 100000)
+    assert [decide(stack, new["key"]).status_code for _ in range(3)] == [200, 200, 429]
 
 
 def test_an_admin_key_can_be_rotated(stack: Stack) -> None:
@@ -264,6 +314,40 @@ def test_expiry(stack: Stack) -> None:
     assert "expired" in error["error"]
     assert_error(stack.gateway.client(expired["key"]).get("/v1/models"), 401)
     assert decide(stack, current["key"]).status_code == 200
+
+
+def listed_key(stack: Stack, key_id: int) -> dict[str, Any]:
+    with stack.client("admin") as admin:
+        return next(k for k in body(admin.get("/admin/projects/acme/keys"), 200)["data"] if k["id"] == key_id)
+
+
+def test_an_expiry_with_a_utc_offset_is_the_instant_it_names(stack: Stack) -> None:
+    """SQLite keeps a time's digits and drops its zone: an expiry must be stored in UTC."""
+    now = dt.datetime.now(dt.UTC)
+    east, west = dt.timezone(dt.timedelta(hours=5)), dt.timezone(dt.timedelta(hours=-5))
+    soon_at, later_at = now + dt.timedelta(seconds=1.5), now + dt.timedelta(hours=2)
+    soon = new_key(stack, expires_at=soon_at.astimezone(east).isoformat())
+    later = new_key(stack, expires_at=later_at.astimezone(west).isoformat())
+    assert dt.datetime.fromisoformat(listed_key(stack, soon["id"])["expires_at"]) == soon_at
+    assert dt.datetime.fromisoformat(listed_key(stack, later["id"])["expires_at"]) == later_at
+    assert decide(stack, later["key"]).status_code == 200  # not dead 5 hours early
+    time.sleep(max(0.0, (soon_at + dt.timedelta(seconds=0.1) - dt.datetime.now(dt.UTC)).total_seconds()))
+    assert "expired" in assert_error(decide(stack, soon["key"]), 401)["error"]  # nor alive 5 hours late
+
+
+def test_an_expiry_more_than_a_hundred_years_ahead_is_a_400(stack: Stack) -> None:
+    now = dt.datetime.now(dt.UTC)
+    with stack.client("admin") as admin:
+        for far in ("9999-12-31T23:59:59-12:00", "9999-12-31T23:59:59",
+                    (now + dt.timedelta(days=101 * 365)).isoformat()):
+            for path in ("/admin/projects/acme/keys", "/admin/admin-keys"):
+                error = assert_error(admin.post(path, json={"expires_at": far}), 400)
+                assert "100 years" in error["error"], (far, error)
+    distant = new_key(stack, expires_at=(now + dt.timedelta(days=99 * 365)).isoformat())
+    assert listed_key(stack, distant["id"])["expires_at"] == distant["expires_at"]
+    assert decide(stack, distant["key"]).status_code == 200
+    with stack.client("admin") as admin:
+        assert body(admin.post(f"/admin/keys/{distant['id']}/revoke"), 200)["revoked_at"]
 
 
 def test_project_keys_never_open_an_admin_route(stack: Stack) -> None:
@@ -381,3 +465,50 @@ def test_control_characters_in_names_are_400(stack: Stack) -> None:
                            ("/admin/projects/acme/keys", {"name": "k\x00"})):
             response = admin.post(path, json=body)
             assert_error(response, 400)
+
+
+def raw_json(text: str) -> dict[str, Any]:
+    """A request body sent as it is written: JSON escapes such as a lone "\\ud800" reach the
+    server unchanged (httpx would refuse to encode them)."""
+    return {"content": text.encode(), "headers": JSON}
+
+
+UNSAFE_TEXT = [r"\ud800", r"\udfff", r"\u0000", r"\u001b", r"\u007f", r"\u0085"]
+TENANCY_FIELDS = [  # <u> is where the unsafe text goes
+    ("POST", "/admin/organizations", '{"name": "o<u>"}'),
+    ("POST", "/admin/projects", '{"name": "p<u>"}'),
+    ("POST", "/admin/projects", '{"name": "q", "models": ["nimble", "m<u>"]}'),
+    ("POST", "/admin/projects", '{"name": "r", "organization": "o<u>"}'),
+    ("PATCH", "/admin/projects/acme", '{"models": ["m<u>"]}'),
+    ("POST", "/admin/projects/acme/keys", '{"name": "k<u>"}'),
+    ("POST", "/admin/admin-keys", '{"name": "k<u>"}'),
+]
+
+
+def test_lone_surrogates_and_control_characters_in_any_field_are_400_and_write_nothing(stack: Stack) -> None:
+    """A lone surrogate can be stored but never encoded again: it once made every page that
+    showed it a 500, for good."""
+    before = audit_log(stack)
+    with stack.client("admin") as admin:
+        for method, path, template in TENANCY_FIELDS:
+            for unsafe in UNSAFE_TEXT:
+                response = admin.request(method, path, **raw_json(template.replace("<u>", unsafe)))
+                assert_error(response, 400)
+        for path in ("/admin/projects", "/admin/projects/acme", "/admin/projects/acme/keys", "/admin/audit"):
+            assert admin.get(path).status_code == 200
+        assert [p["name"] for p in body(admin.get("/admin/projects"), 200)["data"]] == ["acme"]
+        assert body(admin.get("/admin/projects/acme"), 200)["models"] == "all"
+    assert audit_log(stack) == before
+
+
+def test_a_project_name_is_one_that_its_url_can_reach(stack: Stack) -> None:
+    """/admin/projects/{name}: a '/' (even as %2F) or a '.' / '..' segment cannot name it; any
+    other character can, percent-encoded."""
+    with stack.client("admin") as admin:
+        for name in ("a/b", "/", ".", ".."):
+            error = assert_error(admin.post("/admin/projects", json={"name": name}), 400)
+            assert "URL" in error["error"], (name, error)
+        for name in ("50%", "q?x", "h#1", "two words", "a\\b", "..x", "zażółć"):
+            assert body(admin.post("/admin/projects", json={"name": name}), 201)["name"] == name
+            assert body(admin.get(f"/admin/projects/{quote(name, safe='')}"), 200)["name"] == name
+            assert body(admin.get(f"/admin/projects/{quote(name, safe='')}/keys"), 200)["data"] == []
