@@ -103,7 +103,8 @@ def test_matches() -> None:
     assert not hasher.matches(new.value, "")
 
 
-def test_matches_uses_a_constant_time_compare(monkeypatch: pytest.MonkeyPatch) -> None:
+def spy_on_compare_digest(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """The calls to ``hmac.compare_digest`` made through app/tenancy/keys.py from now on."""
     calls: list[tuple[str, str]] = []
     real = hmac.compare_digest
 
@@ -112,6 +113,11 @@ def test_matches_uses_a_constant_time_compare(monkeypatch: pytest.MonkeyPatch) -
         return real(a, b)
 
     monkeypatch.setattr(keys.hmac, "compare_digest", spy)
+    return calls
+
+
+def test_matches_uses_a_constant_time_compare(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = spy_on_compare_digest(monkeypatch)
     hasher = KeyHasher()
     assert hasher.matches("arb_proj_x", hasher.digest("arb_proj_x"))
     assert not hasher.matches("arb_proj_y", hasher.digest("arb_proj_x"))
@@ -125,14 +131,7 @@ def test_a_key_found_by_its_digest_is_compared_in_constant_time(db: Database,
     with db.session() as session:
         tenancy.create_project(session, "acme", CLI)
         _, value = tenancy.create_key(session, hasher, CLI, kind="project", project="acme")
-    calls: list[tuple[str, str]] = []
-    real = hmac.compare_digest
-
-    def spy(a: str, b: str) -> bool:
-        calls.append((a, b))
-        return real(a, b)
-
-    monkeypatch.setattr(keys.hmac, "compare_digest", spy)
+    calls = spy_on_compare_digest(monkeypatch)
     digest = hasher.digest(value)
     with db.session() as session:
         found = tenancy.load_principal(session, digest)
