@@ -19,7 +19,13 @@ from app.services.backends import make_backend
 from app.services.credentials import CredentialBox, CredentialUnavailable
 from app.settings import Settings
 from app.tenancy.service import Actor
-from infra_adapters.base import Backend, BackendError, RemoteModel
+from infra_adapters.base import (
+    Backend,
+    BackendAuthRejected,
+    BackendError,
+    BackendProtocolError,
+    RemoteModel,
+)
 from infra_adapters.ollama import public_name
 
 log = logging.getLogger("arbiter.sync")
@@ -46,15 +52,24 @@ def public(service_type: str, backend_name: str) -> str:
 
 
 def read(session: Session, settings: Settings, service: Service) -> list[RemoteModel]:
-    """Read the version and the models; raises BackendError (the caller decides what that means)."""
+    """Read the version and the models; raises BackendError (the caller decides what that means).
+    A version the backend answers but that cannot be read (a 404, not JSON) is no version: the
+    gate closes (SPEC §4), the models are still read, and ``last_error`` says why."""
     try:
         backend = backend_for(service, settings)
     except CredentialUnavailable as exc:
         raise BackendError(str(exc)) from exc
-    service.version = backend.read_version()
+    problem = None
+    try:
+        service.version = backend.read_version()
+    except BackendAuthRejected:
+        raise
+    except BackendProtocolError as exc:
+        service.version = None
+        problem = f"cannot read the version: {exc}"
     models = backend.list_models()
     service.reachable = True
-    service.last_error = None
+    service.last_error = problem
     service.last_sync_at = utcnow()
     return models
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 
 from app.db.session import Database
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
@@ -50,6 +51,27 @@ def lab() -> Iterator[tuple[EmulatorServer, OllamaState]]:
                         pull_seconds=0.05)
     with EmulatorServer(make_ollama_app(state)) as server:
         yield server, state
+
+
+@pytest.fixture
+def odd_version() -> Iterator[tuple[EmulatorServer, OllamaState, dict[str, str | None]]]:
+    """``lab``'s Ollama behind something that may spoil /api/version: ``mode["answer"]`` set to
+    "404" (Go's plain-text 404) or "text" (a 200 that is not JSON); None: Ollama's own answer."""
+    state = OllamaState(models={"tev1": ["decision"], "llama3.2": ["completion", "tools"]})
+    mode: dict[str, str | None] = {"answer": None}
+
+    @web.middleware
+    async def spoil(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path == "/api/version" and mode["answer"] == "404":
+            return web.Response(status=404, text="404 page not found")
+        if request.path == "/api/version" and mode["answer"] == "text":
+            return web.Response(text="0.36.0", content_type="text/plain")
+        return await handler(request)  # type: ignore[no-any-return]
+
+    app = make_ollama_app(state)
+    app.middlewares.insert(0, spoil)
+    with EmulatorServer(app) as server:
+        yield server, state, mode
 
 
 def add(admin: httpx.Client, server: EmulatorServer, name: str = "lab",
@@ -203,3 +225,45 @@ def test_an_override_that_is_itself_too_old_keeps_the_gate(
         assert view["decisions_supported"] is False and view["decisions_message"] == gate("0.34.0")
         refused = admin.post("/admin/services/lab/models", json={"model": "nimble-v3"})
         assert assert_error(refused, 400)["error"] == gate("0.34.0")
+
+
+@pytest.mark.parametrize("answer", ["404", "text"])
+def test_a_version_that_cannot_be_read_counts_as_too_old(
+        stack: Stack, odd_version: tuple[EmulatorServer, OllamaState, dict[str, str | None]], answer: str) -> None:
+    server, _, mode = odd_version
+    mode["answer"] = answer
+    with stack.client("admin") as admin:
+        added = add(admin, server)  # the service is added: only its version is unreadable
+        assert added["version"] is None and added["reachable"] is True
+        assert added["decisions_supported"] is False and added["decisions_message"] == gate("unknown")
+        assert "/api/version" in added["last_error"] and added["last_error"].startswith("cannot read the version")
+        assert names(added["models"]) == ["llama3.2"]
+        assert added["skipped_models"] == [{"model": "tev1", "backend_name": "tev1:latest",
+                                            "reason": gate("unknown")}]
+        assert assert_error(admin.post("/admin/services/lab/models", json={"model": "nimble-v3"}),
+                            400)["error"] == gate("unknown")
+
+        view = body(admin.patch("/admin/services/lab", json={"version_override": "0.35.0"}), 200)
+        assert view["decisions_supported"] is True and view["skipped_models"] == []  # the admin's word
+        assert "tev1" in names(body(admin.get("/admin/services/lab/models"), 200)["data"])
+    assert decide(stack, "tev1").status_code == 200
+
+
+def test_a_version_that_stops_being_readable_closes_the_gate_at_refresh(
+        stack: Stack, odd_version: tuple[EmulatorServer, OllamaState, dict[str, str | None]]) -> None:
+    server, _, mode = odd_version
+    with stack.client("admin") as admin:
+        assert add(admin, server)["version"] == "0.35.0"
+        assert decide(stack, "tev1").status_code == 200
+        mode["answer"] = "404"
+        refreshed = body(admin.post("/admin/services/lab/refresh"), 200)
+        assert refreshed["version"] is None and refreshed["reachable"] is True
+        assert refreshed["decisions_supported"] is False and refreshed["decisions_message"] == gate("unknown")
+        assert "HTTP 404" in refreshed["last_error"]
+        assert [s["model"] for s in refreshed["skipped_models"]] == ["tev1"]
+
+        mode["answer"] = None  # readable again: the next read opens the gate and clears the error
+        again = body(admin.post("/admin/services/lab/refresh"), 200)
+        assert again["version"] == "0.35.0" and again["decisions_supported"] is True
+        assert again["last_error"] is None and again["skipped_models"] == []
+    assert decide(stack, "tev1").status_code == 200
