@@ -183,6 +183,7 @@ def model_view(model: Model, service: Service | None = None) -> dict[str, Any]:
     return {"id": model.id, "public_name": model.public_name, "backend_name": model.backend_name,
             "kind": catalog.model_kind(capabilities), "capabilities": capabilities,
             "read_strategy": strategy, "source": model.source, "timeout": model.timeout,
+            "decisions_message": sync.gate_of(model, service) if service is not None else None,
             "service": service.name if service else model.service_id,
             "service_type": service.type if service else None}
 

@@ -109,36 +109,41 @@ def capabilities_of(service_type: str, model: RemoteModel) -> list[str]:
 
 
 def register(session: Session, service: Service, remote: list[RemoteModel]) -> None:
-    """Make the service's model rows match what it serves. Custom rows are the admin's: kept."""
-    version = effective_version(service)
+    """Make the service's model rows match what it serves. Custom rows are the admin's: kept.
+
+    While the service is too old for decision models (SPEC §4), its decision models are skipped:
+    one not registered yet is left out, one registered already keeps its row (its public name,
+    timeout and id are the admin's) and is gated: requests for it get 405 until the gate lifts."""
     too_old = gated(service)
-    skipped: list[dict[str, str]] = []
-    wanted: dict[str, list[str]] = {}
-    for model in remote:
-        caps = capabilities_of(service.type, model)
-        if too_old and "decision" in caps:
-            skipped.append({"model": public(service.type, model.name), "backend_name": model.name,
-                            "reason": versions.gate_message(version)})
-            continue
-        wanted[model.name] = caps
+    reason = versions.gate_message(effective_version(service))
+    wanted = {model.name: capabilities_of(service.type, model) for model in remote}
     rows = {m.backend_name: m for m in session.scalars(select(Model).where(Model.service_id == service.id))}
-    for backend_name, row in rows.items():
-        if row.source == "custom":
-            if too_old and "decision" in row.capabilities:
-                skipped.append({"model": row.public_name, "backend_name": backend_name,
-                                "reason": versions.gate_message(version)})
-                session.delete(row)
-            continue
-        if backend_name not in wanted:
-            session.delete(row)
+    skipped: list[dict[str, str]] = []
     for backend_name, caps in wanted.items():
-        known = rows.get(backend_name)
-        if known is None:
+        row = rows.get(backend_name)
+        if row is not None and row.source != "custom":
+            row.capabilities = caps
+        if too_old and "decision" in (row.capabilities if row is not None else caps):
+            skipped.append({"model": row.public_name if row is not None else public(service.type, backend_name),
+                            "backend_name": backend_name, "reason": reason})
+        elif row is None:
             session.add(Model(service_id=service.id, backend_name=backend_name,
                               public_name=public(service.type, backend_name), capabilities=caps, source="sync"))
-        elif known.source != "custom":
-            known.capabilities = caps
+    for backend_name, row in rows.items():
+        if backend_name in wanted:
+            continue
+        if row.source != "custom":
+            session.delete(row)
+        elif too_old and "decision" in row.capabilities:
+            skipped.append({"model": row.public_name, "backend_name": backend_name, "reason": reason})
     service.skipped_models = skipped
+
+
+def gate_of(model: Model, service: Service) -> str | None:
+    """Why ``model`` cannot answer decisions on ``service`` right now (its Ollama is too old), or None."""
+    if "decision" in model.capabilities and gated(service):
+        return versions.gate_message(effective_version(service))
+    return None
 
 
 class SyncLoop:

@@ -14,7 +14,7 @@ from aiohttp import web
 from app.db.session import Database
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import Gateway, Stack, assert_error, body, decide
+from tests.support import Gateway, Stack, assert_error, body, decide, public_models, wait_for
 
 VERSIONS = [("0.34.9", False), ("0.35.0", True), ("0.35.1", True), ("0.40.4", True),
             ("0.35.0-rc1", False), ("0.0.0", False), ("junk", False),
@@ -154,7 +154,8 @@ def test_an_upgrade_lifts_the_gate_at_the_next_refresh(stack: Stack,
         assert again["decisions_supported"] is False
         assert {s["model"] for s in again["skipped_models"]} == {"tev1", "nimble-v3"}
         assert {s["reason"] for s in again["skipped_models"]} == {gate("0.34.9")}
-    assert_error(decide(stack, "tev1"), 404)
+    # Installed, then the Ollama was downgraded: 405 with why (SPEC §1), not "not installed".
+    assert gate("0.34.9") in assert_error(decide(stack, "tev1"), 405, "unsupported_error")["error"]
 
 
 def test_an_upgrade_lifts_the_gate_at_the_next_scheduled_sync(
@@ -212,7 +213,7 @@ def test_a_version_override_lifts_the_gate_for_a_source_build(
         cleared = body(admin.patch("/admin/services/lab", json={"version_override": None}), 200)
         assert cleared["version_override"] is None and cleared["decisions_supported"] is False
         assert {s["model"] for s in cleared["skipped_models"]} == {"tev1", "nimble-v3"}
-    assert_error(decide(stack, "tev1"), 404)
+    assert gate("0.0.0") in assert_error(decide(stack, "tev1"), 405, "unsupported_error")["error"]
 
 
 def test_an_override_that_is_itself_too_old_keeps_the_gate(
@@ -267,3 +268,67 @@ def test_a_version_that_stops_being_readable_closes_the_gate_at_refresh(
         assert again["version"] == "0.35.0" and again["decisions_supported"] is True
         assert again["last_error"] is None and again["skipped_models"] == []
     assert decide(stack, "tev1").status_code == 200
+
+
+def test_a_downgrade_after_install_stays_405_after_the_next_scheduled_sync(
+        db: Database, lab: tuple[EmulatorServer, OllamaState],
+        gateway_factory: Callable[..., Gateway]) -> None:
+    server, state = lab
+    stack = Stack.provision(db)
+    stack.gateway = gateway_factory(sync_interval=0.5)
+    with stack.client("admin") as admin:
+        add(admin, server)
+        assert decide(stack, "tev1").status_code == 200
+        state.version = "0.34.9"  # the Ollama is downgraded under Arbiter: its /v1/systemone is gone
+        assert_error(decide(stack, "tev1"), 405, "unsupported_error")  # before any sync: its plain-text 404
+        wait_for(lambda: not body(admin.get("/admin/services/lab"), 200)["decisions_supported"])
+        wait_for(lambda: gate("0.34.9") in decide(stack, "tev1").text)  # the registry follows the sync
+    refused = assert_error(decide(stack, "tev1"), 405, "unsupported_error")
+    assert refused["error"] == ("model 'tev1' cannot answer decisions: service 'lab' is too old. "
+                                + gate("0.34.9"))
+    assert "tev1" not in public_models(stack)  # not offered while it cannot answer
+    with stack.client() as client:  # chat: a decision model never had it; the answer says why
+        chat = client.post("/v1/chat/completions", json={"model": "tev1", "messages": [{"role": "user",
+                                                                                         "content": "hi"}]})
+    assert gate("0.34.9") in assert_error(chat, 400)["error"]
+
+
+def test_closing_and_reopening_the_gate_keeps_the_admins_settings(
+        stack: Stack, lab: tuple[EmulatorServer, OllamaState]) -> None:
+    server, state = lab
+    with stack.client("admin") as admin:
+        add(admin, server)
+        state.library["in-house-judge"] = ["decision"]  # a model of the admin's own, pullable
+        card = next(m for m in body(admin.get("/admin/models"), 200)["data"] if m["public_name"] == "tev1")
+        renamed = body(admin.patch(f"/admin/models/{card['id']}", json={"public_name": "triage", "timeout": 7}), 200)
+        assert (renamed["public_name"], renamed["timeout"]) == ("triage", 7)
+        custom = body(admin.post("/admin/services/lab/models", json={"model": "in-house-judge",
+                                                                      "capabilities": ["decision"]}), 202)
+        assert finished(admin, custom["id"])["status"] == "succeeded"
+        assert decide(stack, "triage").status_code == 200
+
+        state.version = "0.34.9"
+        closed = body(admin.post("/admin/services/lab/refresh"), 200)
+        assert closed["decisions_supported"] is False
+        assert sorted(s["model"] for s in closed["skipped_models"]) == ["in-house-judge", "triage"]
+        gated = {m["public_name"]: m for m in body(admin.get("/admin/services/lab/models"), 200)["data"]}
+        assert sorted(gated) == ["in-house-judge", "llama3.2", "triage"]  # still there, marked
+        assert gated["triage"]["id"] == card["id"] and gated["triage"]["decisions_message"] == gate("0.34.9")
+        assert gated["llama3.2"]["decisions_message"] is None
+        assert assert_error(decide(stack, "triage"), 405, "unsupported_error")["error"].endswith(gate("0.34.9"))
+        assert_error(decide(stack, "in-house-judge"), 405, "unsupported_error")
+        tested = body(admin.post(f"/admin/models/{card['id']}/test"), 200)
+        assert tested["ok"] is False and tested["status"] == 405 and gate("0.34.9") in tested["error"]
+
+        state.version = "0.35.0"
+        reopened = body(admin.post("/admin/services/lab/refresh"), 200)
+        assert reopened["decisions_supported"] is True and reopened["skipped_models"] == []
+        audit = next(e for e in body(admin.get("/admin/audit"), 200)["data"] if e["action"] == "service.refresh")
+        assert audit["details"]["added"] == [] and audit["details"]["removed"] == []
+        after = {m["public_name"]: m for m in body(admin.get("/admin/services/lab/models"), 200)["data"]}
+        assert sorted(after) == ["in-house-judge", "llama3.2", "triage"]
+        assert (after["triage"]["id"], after["triage"]["timeout"]) == (card["id"], 7)
+        assert after["triage"]["decisions_message"] is None
+    assert decide(stack, "triage").status_code == 200
+    assert decide(stack, "in-house-judge").status_code == 200
+    assert_error(decide(stack, "tev1"), 404)  # the admin's name stays the only name
