@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     registry_refresh_interval: float = Field(
         5.0, description="Seconds between reloads of services and models from the database."
     )
+    install_lease: float = Field(
+        30.0, gt=0, description="Seconds a running install may go unrefreshed before it counts as dead."
+    )
 
     # The mesh (SPEC §5): off unless a mesh key is set.
     mesh_key: SecretStr | None = Field(
