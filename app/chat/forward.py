@@ -123,6 +123,7 @@ class ChatForwarder:
             answer = Answer(replica, stream, self._settings.max_response_bytes)
             if stream.status in (401, 403) and replica.backend.has_credential:
                 await answer.close()
+                self._registry.note_credential_rejected(replica)
                 raise UpstreamAuthFailed(rejected_credential(replica))
             if stream.status in _FAULT_STATUSES:
                 self._router.take_out(replica)

@@ -16,6 +16,7 @@ from app.services import service as services
 from app.services import sync
 from app.services.backends import PROVIDER_NAMES, label_reader, make_backend
 from app.services.credentials import CredentialBox, CredentialUnavailable
+from app.services.rejections import RejectedCredentials
 from app.settings import Settings
 from infra_adapters.base import Backend
 
@@ -73,6 +74,7 @@ class Registry:
         self._label_backends: dict[tuple[int, str], LabelBackend] = {}
         self._lock = asyncio.Lock()
         self._box = CredentialBox.from_settings(settings)
+        self._rejections = RejectedCredentials(database)
 
     def get(self, public_name: str) -> ModelEntry | None:
         """The model on this node, else on the mesh."""
@@ -98,6 +100,11 @@ class Registry:
         if blocked is not None and hops < self.max_hops:
             raise blocked[operation]
         raise NotFound(f"model '{public_name}' is not installed")
+
+    def note_credential_rejected(self, replica: Replica) -> None:
+        """A backend refused Arbiter's own credential on a forwarded request: its service's status
+        says so (written off the request path; see app/services/rejections.py)."""
+        self._rejections.note(replica.service_id, replica.backend.url)
 
     def set_remote(self, entries: dict[str, ModelEntry], blocked: dict[str, dict[str, ArbiterError]]) -> None:
         """The mesh's view changed."""
@@ -207,6 +214,7 @@ class Registry:
                 log.exception("registry reload failed; serving the last known models")
 
     async def aclose(self) -> None:
+        await self._rejections.aclose()
         for labelled in self._label_backends.values():
             await labelled.aclose()
         self._label_backends.clear()

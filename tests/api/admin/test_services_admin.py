@@ -8,8 +8,8 @@ import pytest
 
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from infra_adapters.emulators.vllm import VllmState
-from tests.support import Stack, assert_error, body, closed_port, decide, public_models
+from infra_adapters.emulators.vllm import VllmState, make_vllm_app
+from tests.support import Stack, assert_error, body, closed_port, decide, public_models, wait_for
 
 GATE = "Decision models need Ollama 0.35.0 or newer; this Ollama is 0.34.9."
 
@@ -208,3 +208,35 @@ def test_refresh_is_audited_with_what_it_changed(stack: Stack) -> None:
     assert entry["action"] == "service.refresh" and entry["target"] == "service:ollama"
     assert entry["request_id"] == response.headers["x-request-id"]
     assert entry["details"]["added"] == ["tev1:latest"] and entry["details"]["removed"] == []
+
+
+def test_a_backend_that_rejects_arbiters_key_on_a_request_shows_in_the_service_status(
+        stack: Stack, vllm: tuple[EmulatorServer, VllmState]) -> None:
+    server, state = vllm
+    state.required_bearer = "sk-first"
+    chat_state = VllmState(required_bearer="sk-chat")
+    with EmulatorServer(make_vllm_app(chat_state)) as chat_server, stack.client("admin") as admin:
+        body(admin.post("/admin/services", json={"type": "vllm", "url": server.url, "name": "gpu",
+                                                 "api_key": "sk-first"}), 201)
+        chat_state.models = {"chat-only": {}}
+        body(admin.post("/admin/services", json={"type": "vllm", "url": chat_server.url, "name": "chatbox",
+                                                 "api_key": "sk-chat"}), 201)
+        assert decide(stack, "Qwen/Qwen3-0.6B").status_code == 200
+        state.required_bearer = chat_state.required_bearer = "rotated"  # the keys were changed there
+
+        assert_error(decide(stack, "Qwen/Qwen3-0.6B"), 500, "upstream_auth_error")
+        with stack.client() as client:
+            chat = client.post("/v1/chat/completions", json={"model": "chat-only", "max_tokens": 4,
+                                                             "messages": [{"role": "user", "content": "hi"}]})
+        assert_error(chat, 500, "upstream_auth_error")
+        for name, url in (("gpu", server.url), ("chatbox", chat_server.url)):
+            view = wait_for(lambda name=name: (v := body(admin.get(f"/admin/services/{name}"), 200))["last_error"]
+                            and v)
+            assert view["last_error"].startswith(f"{url} rejected Arbiter's credential")
+            assert "sk-" not in view["last_error"] and "rotated" not in view["last_error"]
+        listed = {s["name"]: s for s in body(admin.get("/admin/services"), 200)["data"]}
+        assert "rejected Arbiter's credential" in listed["gpu"]["last_error"]
+
+        fixed = body(admin.patch("/admin/services/gpu", json={"api_key": "rotated"}), 200)
+        assert fixed["last_error"] is None and fixed["reachable"] is True  # the new key was read with
+    assert decide(stack, "Qwen/Qwen3-0.6B").status_code == 200
