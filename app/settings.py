@@ -71,7 +71,7 @@ class Settings(BaseSettings):
         120.0, description="Seconds a backend may take to answer (a model's own timeout wins)."
     )
     backend_admin_timeout: float = Field(
-        10.0, description="Seconds for admin calls to a backend (version, model lists)."
+        10.0, description="Seconds for each admin call to a backend (version, model lists), in all."
     )
     backend_pool_size: int = Field(256, description="Connections per backend pool.")
     replica_backoff: float = Field(

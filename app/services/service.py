@@ -77,12 +77,12 @@ def add_service(session: Session, settings: Settings, actor: Actor, *, type: str
                       credential=CredentialBox.from_settings(settings).seal(credential),
                       text_limit=text_limit or settings.default_text_limit, timeout=timeout,
                       context_length=context_length, skipped_models=[])
-    session.add(service)
-    session.flush()
-    try:
+    try:  # before the first write: a slow backend must not hold the database's write lock
         remote = sync.read(session, settings, service)
     except BackendError as exc:
         raise InvalidRequest(f"cannot add service '{name}': {exc}") from exc
+    session.add(service)
+    session.flush()
     sync.register(session, service, remote)
     audit.record(session, actor=actor.name, action="service.create", target=f"service:{name}",
                  request_id=actor.request_id, details={"type": type, "url": url})

@@ -77,13 +77,17 @@ def read(session: Session, settings: Settings, service: Service) -> list[RemoteM
 def sync_service(session: Session, settings: Settings, service: Service, actor: Actor | None = None) -> None:
     """Re-read a service's version and models; errors land in its status, not in an exception.
     With an ``actor`` (an admin pressed Refresh) the refresh and its outcome are audited."""
-    before = _names(session, service)
-    try:
-        remote = read(session, settings, service)
-    except BackendError as exc:
-        service.reachable = False
-        service.last_error = str(exc)
-    else:
+    # Changes made to the service so far (a new URL or key) are written after the read, not before:
+    # a slow backend must not hold the database's write lock (SQLite has one for everybody).
+    with session.no_autoflush:
+        before = _names(session, service)
+        try:
+            remote: list[RemoteModel] | None = read(session, settings, service)
+        except BackendError as exc:
+            service.reachable = False
+            service.last_error = str(exc)
+            remote = None
+    if remote is not None:
         register(session, service, remote)
     if actor is not None:
         session.flush()
