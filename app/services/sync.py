@@ -172,11 +172,16 @@ class SyncLoop:
                 log.exception("scheduled sync of service %s failed", service_id)
 
     async def run(self, interval: float) -> None:
-        """Sync on one replica at a time: the holder of the ``service-sync`` lease."""
+        """Sync at start-up, whoever holds the ``service-sync`` lease (SPEC §4: the version is read
+        when Arbiter starts; a read is safe to repeat, and the holder may be a process that was
+        killed and keeps the lease until it runs out), then on one replica at a time: the holder."""
+        started = False
         while True:
             try:
-                if await asyncio.to_thread(lease.try_hold, self._database, LEASE, max(interval * 2.5, 30.0)):
+                held = await asyncio.to_thread(lease.try_hold, self._database, LEASE, max(interval * 2.5, 30.0))
+                if held or not started:
                     await asyncio.to_thread(self.sync_all)
+                    started = True
                     self.runs += 1
                     await self._on_change()
             except Exception:  # the database may be away: try again next time

@@ -3,6 +3,7 @@ registering, skipping, installing, and lifting the gate without restarting Arbit
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -11,7 +12,12 @@ import httpx
 import pytest
 from aiohttp import web
 
+from app.db.models import Lease, utcnow
 from app.db.session import Database
+from app.services import service as services
+from app.services.sync import LEASE
+from app.settings import Settings
+from app.tenancy.service import CLI
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
 from tests.support import Gateway, Stack, assert_error, body, decide, public_models, wait_for
@@ -332,3 +338,24 @@ def test_closing_and_reopening_the_gate_keeps_the_admins_settings(
     assert decide(stack, "triage").status_code == 200
     assert decide(stack, "in-house-judge").status_code == 200
     assert_error(decide(stack, "tev1"), 404)  # the admin's name stays the only name
+
+
+def test_the_version_is_read_at_start_up_even_while_a_killed_process_holds_the_sync_lease(
+        db: Database, lab: tuple[EmulatorServer, OllamaState],
+        gateway_factory: Callable[..., Gateway]) -> None:
+    server, state = lab
+    state.version = "0.34.9"
+    stack = Stack.provision(db)
+    with db.session() as session:
+        services.add_service(session, Settings(database_url=db.url), CLI, type="ollama-external",
+                             url=server.url, name="lab")
+        # What a process killed a moment ago leaves: the sync lease, for minutes more.
+        session.add(Lease(name=LEASE, holder="gone-host:4242:0badc0de",
+                          expires_at=utcnow() + dt.timedelta(seconds=150)))
+    state.version = "0.35.1"  # the Ollama was upgraded while Arbiter was down
+    stack.gateway = gateway_factory()  # Arbiter starts again (scheduled syncs every 60 s)
+    with stack.client("admin") as admin:
+        view = wait_for(lambda: (v := body(admin.get("/admin/services/lab"), 200))["version"] == "0.35.1" and v,
+                        timeout=10)
+        assert view["decisions_supported"] is True and view["skipped_models"] == []
+    wait_for(lambda: decide(stack, "tev1").status_code == 200)
