@@ -103,6 +103,9 @@ def update_service(session: Session, settings: Settings, name: str, actor: Actor
         service.url = check_local_url(changes["url"]) if service.type == "local" else check_url(changes["url"])
         details["url"] = service.url
     if "api_key" in changes:
+        if service.type == "ollama-cloud" and not changes["api_key"]:
+            raise InvalidRequest("an ollama-cloud service needs its api_key (an ollama.com key); "
+                                 "give the new key, or remove the service")
         service.credential = CredentialBox.from_settings(settings).seal(changes["api_key"])
         details["api_key"] = "changed" if changes["api_key"] else "removed"
     if "text_limit" in changes and changes["text_limit"] is None:
