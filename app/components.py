@@ -64,7 +64,7 @@ class Components:
         self.touches = KeyTouches(self.database)
         self.ledger = UsageLedger(self.database)
         self.observer = Observer(self.metrics, self.ledger, log_payloads=settings.log_payloads,
-                                 is_known=lambda name: self.registry.get(name) is not None)
+                                 is_known=self.registry.known)
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_server: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None

@@ -76,7 +76,7 @@ class Settings(BaseSettings):
         120.0, description="Seconds a backend may take to answer (a model's own timeout wins)."
     )
     backend_admin_timeout: float = Field(
-        10.0, description="Seconds for admin calls to a backend (version, model lists)."
+        10.0, description="Seconds for each admin call to a backend (version, model lists), in all."
     )
     backend_pool_size: int = Field(256, description="Connections per backend pool.")
     replica_backoff: float = Field(
@@ -87,6 +87,9 @@ class Settings(BaseSettings):
     )
     registry_refresh_interval: float = Field(
         5.0, description="Seconds between reloads of services and models from the database."
+    )
+    install_lease: float = Field(
+        30.0, gt=0, description="Seconds a running install may go unrefreshed before it counts as dead."
     )
 
     # The mesh (SPEC §5): off unless a mesh key is set.

@@ -1,8 +1,9 @@
 """HTTP plumbing shared by the adapters: a pooled aiohttp session for forwarding,
-httpx for admin calls; transport errors translated into the BackendError tree."""
+httpx for admin calls (each within a total deadline); transport errors translated into the BackendError tree."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -69,12 +70,12 @@ class HttpBackendBase:
 
     def _admin_request(self, method: str, path: str, payload: dict[str, Any] | None = None, *,
                        missing_ok: bool = False) -> Any:
-        timeout = httpx.Timeout(self._admin_timeout, connect=self._connect_timeout)
+        """One admin call, answered in full within ``admin_timeout`` or BackendTimeout. httpx's own
+        timeouts are per read: a backend trickling its answer would hold the call (and the admin's
+        request) for as long as it likes. Called from worker threads, never from an event loop."""
         try:
-            with httpx.Client(timeout=timeout) as client:
-                response = client.request(method, self.url + path, json=payload,
-                                          headers=self._admin_headers())
-        except httpx.TimeoutException as exc:
+            response = asyncio.run(self._admin_exchange(method, self.url + path, payload))
+        except (TimeoutError, httpx.TimeoutException) as exc:
             raise BackendTimeout(f"{self.url}{path} did not answer within {self._admin_timeout:g}s") from exc
         except httpx.HTTPError as exc:
             raise BackendUnreachable(f"cannot reach {self.url}: {type(exc).__name__}") from exc
@@ -92,6 +93,11 @@ class HttpBackendBase:
             return response.json()
         except ValueError as exc:
             raise BackendProtocolError(f"{self.url}{path} answered something that is not JSON") from exc
+
+    async def _admin_exchange(self, method: str, url: str, payload: dict[str, Any] | None) -> httpx.Response:
+        timeout = httpx.Timeout(self._admin_timeout, connect=min(self._connect_timeout, self._admin_timeout))
+        async with asyncio.timeout(self._admin_timeout), httpx.AsyncClient(timeout=timeout) as client:
+            return await client.request(method, url, json=payload, headers=self._admin_headers())
 
     # -- forwarding (async, aiohttp) -----------------------------------------------
 

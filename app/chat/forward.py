@@ -177,6 +177,7 @@ class ChatForwarder:
             answer = Answer(replica, stream, model, cap, self._router, span, waited)
             if stream.status in (401, 403) and replica.backend.has_credential:
                 await answer.close()
+                self._registry.note_credential_rejected(replica)
                 rejected = UpstreamAuthFailed(rejected_credential(replica))
                 rejected.backend_seconds = waited
                 raise rejected

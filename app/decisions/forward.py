@@ -207,6 +207,7 @@ class Forwarder:
                                 backoff=False)
         if reply.status in (401, 403) and backend.has_credential:
             log.error("service %s rejected Arbiter's credential (HTTP %s)", replica.service_name, reply.status)
+            self._registry.note_credential_rejected(replica)
             raise _ReplicaFault(UpstreamAuthFailed(rejected_credential(replica)), backoff=False)
         if reply.status != 200:
             outcome = Outcome(reply.status, reply.content_type or "application/octet-stream",

@@ -4,9 +4,10 @@ and cancel), registered on a vLLM or Ollama Cloud service, or removed again."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from sqlalchemy.orm import Session
 from app import audit
 from app.db.models import Model, ModelInstall, Service, utcnow
 from app.db.session import Database
-from app.db.timestamps import iso
+from app.db.timestamps import as_utc, iso
 from app.errors import Conflict, InvalidRequest, NotFound
 from app.services import catalog, versions
 from app.services import service as services
@@ -89,7 +90,7 @@ def plan(session: Session, settings: Settings, service: Service, request: dict[s
     running = session.scalar(select(ModelInstall).where(
         ModelInstall.service_id == service.id, ModelInstall.backend_name == backend_name,
         ModelInstall.status == "running"))
-    if running is not None:
+    if running is not None and not reap(running, settings.install_lease):
         raise Conflict(f"model '{backend_name}' is being installed already (install {running.id})")
     return Plan(backend_name, public_name, caps, "custom" if declared is not None else "catalog",
                 pull=service.type in OLLAMA_TYPES)
@@ -106,6 +107,18 @@ def register(session: Session, service: Service, planned: Plan) -> Model:
     row.source = "custom" if service.type not in OLLAMA_TYPES and planned.source == "custom" else planned.source
     session.flush()
     return row
+
+
+def reap(job: ModelInstall, lease: float) -> bool:
+    """End a running job that no live process runs any more (its process was killed, its node
+    lost): one not refreshed for ``lease`` seconds. True when it was ended here."""
+    if job.status != "running" or as_utc(job.updated_at) > utcnow() - dt.timedelta(seconds=lease):
+        return False
+    job.status, job.finished_at = ("cancelled" if job.cancel_requested else "failed"), utcnow()
+    if job.status == "failed":
+        job.error = (f"the process running this install stopped (nothing from it for over {lease:g}s); "
+                     "install the model again")
+    return True
 
 
 def install_view(install: ModelInstall, service_name: str | None = None) -> dict[str, Any]:
@@ -160,7 +173,9 @@ class Installer:
 
     async def _run(self, install_id: int) -> None:
         try:
-            await self._pull(install_id)
+            await self._leased(install_id, self._pull(install_id))
+            await asyncio.to_thread(self._finish, install_id, "succeeded", None)
+            await self._on_change()
         except asyncio.CancelledError:
             await asyncio.to_thread(self._finish, install_id, "cancelled", None)
         except BackendError as exc:
@@ -170,6 +185,29 @@ class Installer:
             await asyncio.to_thread(self._finish, install_id, "failed", f"internal error: {type(exc).__name__}")
         finally:
             self._tasks.pop(install_id, None)
+
+    async def _leased(self, install_id: int, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` (the pull) while keeping the job's lease: refreshed every sixth of it, even
+        while Ollama says nothing (as while it verifies a big model's digest). The pull is cancelled
+        when a cancel was asked for elsewhere, or another replica gave the job up."""
+        pull = asyncio.ensure_future(work)
+        try:
+            while not pull.done():
+                await asyncio.wait({pull}, timeout=self._settings.install_lease / 6)
+                if not pull.done() and await self._refresh(install_id):
+                    pull.cancel()
+            await pull
+        finally:
+            if not pull.done():  # this task was cancelled: so is the pull
+                pull.cancel()
+                await asyncio.gather(pull, return_exceptions=True)
+
+    async def _refresh(self, install_id: int) -> bool:
+        try:
+            return await asyncio.to_thread(self._touch, install_id)
+        except Exception:  # the database away for a moment: the lease leaves room for it
+            log.warning("could not refresh install %s", install_id, exc_info=True)
+            return False
 
     async def _pull(self, install_id: int) -> None:
         def load(session: Session) -> tuple[ModelInstall, Service]:
@@ -182,7 +220,7 @@ class Installer:
             raise BackendError(f"service '{service.name}' cannot pull models")
         options = CallOptions(timeout=max(self._settings.backend_timeout, 300), max_reply_bytes=1 << 20,
                               streaming=True)
-        stage, percent, last_write = "pulling manifest", 0.0, 0.0
+        stage, percent, last_write, written = "pulling manifest", 0.0, 0.0, ""
         try:
             async for progress in backend.pull(job.backend_name, options):
                 stage = str(progress.get("status", stage))[:200]
@@ -190,27 +228,35 @@ class Installer:
                 if isinstance(total, int) and total > 0 and isinstance(completed, int):
                     percent = min(99.0, 100.0 * completed / total)
                 now = time.monotonic()
-                if now - last_write >= _PROGRESS_EVERY:
-                    last_write = now
+                # A new stage at once: Ollama may say nothing for long after it ("verifying").
+                if now - last_write >= _PROGRESS_EVERY or stage != written:
+                    last_write, written = now, stage
                     if await asyncio.to_thread(self._progress, install_id, stage, percent):
                         raise asyncio.CancelledError()  # another replica asked to cancel
         finally:
             await backend.aclose()
         if stage != "success":
             raise BackendError(f"pull of {job.backend_name} ended before Ollama said success (at '{stage}')")
-        await asyncio.to_thread(self._finish, install_id, "succeeded", None)
-        await self._on_change()
 
     def _progress(self, install_id: int, stage: str, percent: float) -> bool:
-        """Write progress; True when a cancel was asked for."""
+        """Write progress (it refreshes the lease too); True when the job must stop."""
         with self._database.session() as session:
             job = session.get_one(ModelInstall, install_id)
             job.stage, job.percent, job.updated_at = stage, percent, utcnow()
-            return job.cancel_requested
+            return job.cancel_requested or job.status != "running"
+
+    def _touch(self, install_id: int) -> bool:
+        """Refresh the lease; True when the job must stop."""
+        with self._database.session() as session:
+            job = session.get_one(ModelInstall, install_id)
+            job.updated_at = utcnow()
+            return job.cancel_requested or job.status != "running"
 
     def _finish(self, install_id: int, status: str, error: str | None) -> None:
         with self._database.session() as session:
             job = session.get_one(ModelInstall, install_id)
+            if job.status in FINISHED:
+                return  # given up already (reaped while this process could not refresh it)
             job.status, job.error, job.finished_at, job.updated_at = status, error, utcnow(), utcnow()
             if status == "succeeded":
                 job.percent, job.stage = 100.0, "success"
@@ -225,7 +271,8 @@ class Installer:
                 raise NotFound(f"install {install_id} does not exist")
             if job.status in FINISHED:
                 raise Conflict(f"install {install_id} has already {job.status}")
-            job.cancel_requested = True
+            job.cancel_requested = True  # seen by the process that runs it at its next write
+            reap(job, self._settings.install_lease)  # none does any more: cancelled now
             audit.record(session, actor=actor.name, action="model.install_cancel",
                          target=f"install:{install_id}:{job.backend_name}", request_id=actor.request_id)
             return install_view(job)
@@ -243,14 +290,17 @@ class Installer:
             job = _find_job(session, install_id)
             if job is None:
                 raise NotFound(f"install {install_id} does not exist")
+            reap(job, self._settings.install_lease)
             service = session.get(Service, job.service_id)
             return install_view(job, service.name if service else None)
         return await self._database.in_session(work)
 
     async def recent(self, limit: int = 50) -> list[dict[str, Any]]:
         def work(session: Session) -> list[dict[str, Any]]:
-            rows = session.execute(select(ModelInstall, Service.name).join(Service)
-                                   .order_by(ModelInstall.id.desc()).limit(limit))
+            rows = list(session.execute(select(ModelInstall, Service.name).join(Service)
+                                        .order_by(ModelInstall.id.desc()).limit(limit)))
+            for job, _ in rows:
+                reap(job, self._settings.install_lease)
             return [install_view(job, name) for job, name in rows]
         return await self._database.in_session(work)
 

@@ -11,10 +11,12 @@ from typing import Any
 
 from app.db.session import Database
 from app.decisions.label_backend import LabelBackend
-from app.errors import ArbiterError, NotFound
+from app.errors import ArbiterError, InvalidRequest, NotFound, Unsupported
 from app.services import service as services
+from app.services import sync
 from app.services.backends import PROVIDER_NAMES, label_reader, make_backend
 from app.services.credentials import CredentialBox, CredentialUnavailable
+from app.services.rejections import RejectedCredentials
 from app.settings import Settings
 from infra_adapters.base import Backend
 
@@ -64,15 +66,23 @@ class Registry:
         # use, with the error a request for them gets, per operation ("decision" or "chat").
         self._remote: dict[str, ModelEntry] = {}
         self._blocked: dict[str, dict[str, ArbiterError]] = {}
+        # Decision models of this node's services whose Ollama is too old for them (version gating):
+        # kept apart, so a request for one gets why (405) instead of "not installed".
+        self._gated: dict[str, dict[str, ArbiterError]] = {}
         self.max_hops = settings.mesh_max_hops
         self._backends: dict[int, tuple[tuple[str, str, str | None], Backend]] = {}
         self._label_backends: dict[tuple[int, str], LabelBackend] = {}
         self._lock = asyncio.Lock()
         self._box = CredentialBox.from_settings(settings)
+        self._rejections = RejectedCredentials(database)
 
     def get(self, public_name: str) -> ModelEntry | None:
         """The model on this node, else on the mesh."""
         return self._models.get(public_name) or self._remote.get(public_name)
+
+    def known(self, public_name: str) -> bool:
+        """True for a model this node or the mesh has, usable or not (a name an admin chose)."""
+        return self.get(public_name) is not None or public_name in self._gated
 
     def find(self, public_name: str, hops: int = 0, operation: str = "decision") -> ModelEntry:
         """Where a request that has taken ``hops`` mesh hops so far goes: this node's replicas
@@ -83,10 +93,18 @@ class Registry:
         remote = self._remote.get(public_name)
         if remote is not None and hops < self.max_hops:
             return remote
+        gated = self._gated.get(public_name)
+        if gated is not None:
+            raise gated[operation]
         blocked = self._blocked.get(public_name)
         if blocked is not None and hops < self.max_hops:
             raise blocked[operation]
         raise NotFound(f"model '{public_name}' is not installed")
+
+    def note_credential_rejected(self, replica: Replica) -> None:
+        """A backend refused Arbiter's own credential on a forwarded request: its service's status
+        says so (written off the request path; see app/services/rejections.py)."""
+        self._rejections.note(replica.service_id, replica.backend.url)
 
     def set_remote(self, entries: dict[str, ModelEntry], blocked: dict[str, dict[str, ArbiterError]]) -> None:
         """The mesh's view changed."""
@@ -114,17 +132,22 @@ class Registry:
             return [
                 (s.id, s.name, s.type, s.url, s.credential, s.text_limit, s.timeout,
                  m.public_name, m.backend_name, list(m.capabilities), m.timeout,
-                 int(m.created_at.timestamp()) if m.created_at else 0, services.read_strategy_of(m, s))
+                 int(m.created_at.timestamp()) if m.created_at else 0, services.read_strategy_of(m, s),
+                 sync.gate_of(m, s))
                 for m, s in services.all_models(session)
             ]
 
     def _apply(self, rows: list[tuple[Any, ...]]) -> None:
         models: dict[str, ModelEntry] = {}
+        gated: dict[str, dict[str, ArbiterError]] = {}
         old_replicas = {(r.service_id, r.backend_name): r for e in self._models.values() for r in e.replicas}
         live_services: set[int] = set()
         live_labels: set[tuple[int, str]] = set()
         for (service_id, service_name, service_type, url, credential, text_limit, service_timeout,
-             public, backend_name, caps, model_timeout, created, strategy) in rows:
+             public, backend_name, caps, model_timeout, created, strategy, gate) in rows:
+            if gate is not None:
+                gated.setdefault(public, _gated_errors(public, service_name, gate))
+                continue
             try:
                 credential = self._box.open(credential)
             except CredentialUnavailable as exc:
@@ -149,6 +172,7 @@ class Registry:
                                   frozenset(caps), text_limit, timeout, created)
             models.setdefault(public, ModelEntry(public)).replicas.append(replica)
         self._models = models
+        self._gated = {name: errors for name, errors in gated.items() if name not in models}
         for key in [k for k in self._label_backends if k not in live_labels]:
             asyncio.get_running_loop().create_task(self._label_backends.pop(key).aclose())
         for service_id in list(self._backends):
@@ -190,9 +214,16 @@ class Registry:
                 log.exception("registry reload failed; serving the last known models")
 
     async def aclose(self) -> None:
+        await self._rejections.aclose()
         for labelled in self._label_backends.values():
             await labelled.aclose()
         self._label_backends.clear()
         for _, backend in self._backends.values():
             await backend.aclose()
         self._backends.clear()
+
+
+def _gated_errors(public_name: str, service_name: str, gate: str) -> dict[str, ArbiterError]:
+    """What a request for a decision model gets while its only Ollama is too old (SPEC §1: 405)."""
+    why = f"model '{public_name}' cannot answer decisions: service '{service_name}' is too old. {gate}"
+    return {"decision": Unsupported(why), "chat": InvalidRequest(why)}

@@ -92,12 +92,12 @@ def add_service(session: Session, settings: Settings, actor: Actor, *, type: str
                       credential=CredentialBox.from_settings(settings).seal(credential),
                       text_limit=text_limit or settings.default_text_limit, timeout=timeout,
                       context_length=context_length, skipped_models=[])
-    session.add(service)
-    session.flush()
-    try:
+    try:  # before the first write: a slow backend must not hold the database's write lock
         remote = sync.read(session, settings, service)
     except BackendError as exc:
         raise InvalidRequest(f"cannot add service '{name}': {exc}") from exc
+    session.add(service)
+    session.flush()
     sync.register(session, service, remote)
     audit.record(session, actor=actor.name, action="service.create", target=f"service:{name}",
                  request_id=actor.request_id, details={"type": type, "url": url})
@@ -119,6 +119,9 @@ def update_service(session: Session, settings: Settings, name: str, actor: Actor
         service.url = check_local_url(changes["url"]) if service.type == "local" else check_url(changes["url"])
         details["url"] = service.url
     if "api_key" in changes:
+        if service.type == "ollama-cloud" and not changes["api_key"]:
+            raise InvalidRequest("an ollama-cloud service needs its api_key (an ollama.com key); "
+                                 "give the new key, or remove the service")
         service.credential = CredentialBox.from_settings(settings).seal(changes["api_key"])
         details["api_key"] = "changed" if changes["api_key"] else "removed"
     if "text_limit" in changes and changes["text_limit"] is None:
@@ -199,6 +202,7 @@ def model_view(model: Model, service: Service | None = None) -> dict[str, Any]:
     return {"id": model.id, "public_name": model.public_name, "backend_name": model.backend_name,
             "kind": catalog.model_kind(capabilities), "capabilities": capabilities,
             "read_strategy": strategy, "source": model.source, "timeout": model.timeout,
+            "decisions_message": sync.gate_of(model, service) if service is not None else None,
             "service": service.name if service else model.service_id,
             "service_type": service.type if service else None}
 

@@ -19,7 +19,13 @@ from app.services.backends import make_backend
 from app.services.credentials import CredentialBox, CredentialUnavailable
 from app.settings import Settings
 from app.tenancy.service import Actor
-from infra_adapters.base import Backend, BackendError, RemoteModel
+from infra_adapters.base import (
+    Backend,
+    BackendAuthRejected,
+    BackendError,
+    BackendProtocolError,
+    RemoteModel,
+)
 from infra_adapters.ollama import public_name
 
 log = logging.getLogger("arbiter.sync")
@@ -46,15 +52,24 @@ def public(service_type: str, backend_name: str) -> str:
 
 
 def read(session: Session, settings: Settings, service: Service) -> list[RemoteModel]:
-    """Read the version and the models; raises BackendError (the caller decides what that means)."""
+    """Read the version and the models; raises BackendError (the caller decides what that means).
+    A version the backend answers but that cannot be read (a 404, not JSON) is no version: the
+    gate closes (SPEC §4), the models are still read, and ``last_error`` says why."""
     try:
         backend = backend_for(service, settings)
     except CredentialUnavailable as exc:
         raise BackendError(str(exc)) from exc
-    service.version = backend.read_version()
+    problem = None
+    try:
+        service.version = backend.read_version()
+    except BackendAuthRejected:
+        raise
+    except BackendProtocolError as exc:
+        service.version = None
+        problem = f"cannot read the version: {exc}"
     models = backend.list_models()
     service.reachable = True
-    service.last_error = None
+    service.last_error = problem
     service.last_sync_at = utcnow()
     return models
 
@@ -62,13 +77,17 @@ def read(session: Session, settings: Settings, service: Service) -> list[RemoteM
 def sync_service(session: Session, settings: Settings, service: Service, actor: Actor | None = None) -> None:
     """Re-read a service's version and models; errors land in its status, not in an exception.
     With an ``actor`` (an admin pressed Refresh) the refresh and its outcome are audited."""
-    before = _names(session, service)
-    try:
-        remote = read(session, settings, service)
-    except BackendError as exc:
-        service.reachable = False
-        service.last_error = str(exc)
-    else:
+    # Changes made to the service so far (a new URL or key) are written after the read, not before:
+    # a slow backend must not hold the database's write lock (SQLite has one for everybody).
+    with session.no_autoflush:
+        before = _names(session, service)
+        try:
+            remote: list[RemoteModel] | None = read(session, settings, service)
+        except BackendError as exc:
+            service.reachable = False
+            service.last_error = str(exc)
+            remote = None
+    if remote is not None:
         register(session, service, remote)
     if actor is not None:
         session.flush()
@@ -94,36 +113,41 @@ def capabilities_of(service_type: str, model: RemoteModel) -> list[str]:
 
 
 def register(session: Session, service: Service, remote: list[RemoteModel]) -> None:
-    """Make the service's model rows match what it serves. Custom rows are the admin's: kept."""
-    version = effective_version(service)
+    """Make the service's model rows match what it serves. Custom rows are the admin's: kept.
+
+    While the service is too old for decision models (SPEC §4), its decision models are skipped:
+    one not registered yet is left out, one registered already keeps its row (its public name,
+    timeout and id are the admin's) and is gated: requests for it get 405 until the gate lifts."""
     too_old = gated(service)
-    skipped: list[dict[str, str]] = []
-    wanted: dict[str, list[str]] = {}
-    for model in remote:
-        caps = capabilities_of(service.type, model)
-        if too_old and "decision" in caps:
-            skipped.append({"model": public(service.type, model.name), "backend_name": model.name,
-                            "reason": versions.gate_message(version)})
-            continue
-        wanted[model.name] = caps
+    reason = versions.gate_message(effective_version(service))
+    wanted = {model.name: capabilities_of(service.type, model) for model in remote}
     rows = {m.backend_name: m for m in session.scalars(select(Model).where(Model.service_id == service.id))}
-    for backend_name, row in rows.items():
-        if row.source == "custom":
-            if too_old and "decision" in row.capabilities:
-                skipped.append({"model": row.public_name, "backend_name": backend_name,
-                                "reason": versions.gate_message(version)})
-                session.delete(row)
-            continue
-        if backend_name not in wanted:
-            session.delete(row)
+    skipped: list[dict[str, str]] = []
     for backend_name, caps in wanted.items():
-        known = rows.get(backend_name)
-        if known is None:
+        row = rows.get(backend_name)
+        if row is not None and row.source != "custom":
+            row.capabilities = caps
+        if too_old and "decision" in (row.capabilities if row is not None else caps):
+            skipped.append({"model": row.public_name if row is not None else public(service.type, backend_name),
+                            "backend_name": backend_name, "reason": reason})
+        elif row is None:
             session.add(Model(service_id=service.id, backend_name=backend_name,
                               public_name=public(service.type, backend_name), capabilities=caps, source="sync"))
-        elif known.source != "custom":
-            known.capabilities = caps
+    for backend_name, row in rows.items():
+        if backend_name in wanted:
+            continue
+        if row.source != "custom":
+            session.delete(row)
+        elif too_old and "decision" in row.capabilities:
+            skipped.append({"model": row.public_name, "backend_name": backend_name, "reason": reason})
     service.skipped_models = skipped
+
+
+def gate_of(model: Model, service: Service) -> str | None:
+    """Why ``model`` cannot answer decisions on ``service`` right now (its Ollama is too old), or None."""
+    if "decision" in model.capabilities and gated(service):
+        return versions.gate_message(effective_version(service))
+    return None
 
 
 class SyncLoop:
@@ -148,11 +172,16 @@ class SyncLoop:
                 log.exception("scheduled sync of service %s failed", service_id)
 
     async def run(self, interval: float) -> None:
-        """Sync on one replica at a time: the holder of the ``service-sync`` lease."""
+        """Sync at start-up, whoever holds the ``service-sync`` lease (SPEC §4: the version is read
+        when Arbiter starts; a read is safe to repeat, and the holder may be a process that was
+        killed and keeps the lease until it runs out), then on one replica at a time: the holder."""
+        started = False
         while True:
             try:
-                if await asyncio.to_thread(lease.try_hold, self._database, LEASE, max(interval * 2.5, 30.0)):
+                held = await asyncio.to_thread(lease.try_hold, self._database, LEASE, max(interval * 2.5, 30.0))
+                if held or not started:
                     await asyncio.to_thread(self.sync_all)
+                    started = True
                     self.runs += 1
                     await self._on_change()
             except Exception:  # the database may be away: try again next time

@@ -38,19 +38,23 @@ async def run(forwarder: Forwarder, chat: ChatForwarder, observer: Observer, *, 
     record = RequestRecord(request_id or "", "decision" if kind == "decision" else "chat", "test",
                            model=public_name, project=TEST_PROJECT)  # no project id: not billed
     started = time.perf_counter()
+    result: dict[str, Any] | None = None
     try:
         if kind == "decision":
             result = await _decision(forwarder, public_name, service_id, headers, record)
         elif kind in ("completion", "embedding"):
-            result = await _other(chat, kind, public_name, service_id, headers)
+            result = await _other(chat, kind, public_name, service_id, headers, record)
         else:
             result = {"ok": False, "status": None, "error": "this model has no capability that can be tested"}
     except ArbiterError as error:
         result = {"ok": False, "status": error.status, "error": error.message}
         record.error_type, record.backend_seconds = error.error_type, error.backend_seconds
-    record.status = result.get("status") or 0
-    record.seconds = time.perf_counter() - started
-    observer.finish(record)
+    finally:  # every Test is in the metrics, one that broke too
+        if result is None:
+            record.error_type = "internal_error"
+        record.status = (result.get("status") or 0) if result is not None else 500
+        record.seconds = time.perf_counter() - started
+        observer.finish(record)
     return {"kind": kind, "model": public_name, "latency_ms": round(record.seconds * 1000, 1), **result}
 
 
@@ -62,7 +66,7 @@ async def _decision(forwarder: Forwarder, model: str, service_id: int, headers: 
     record.provider, record.backend_seconds = outcome.provider, outcome.backend_seconds
     record.input_tokens, record.output_tokens = outcome.input_tokens, outcome.output_tokens
     if outcome.status != 200:
-        return _failed(outcome.status, outcome.body)
+        return _failed(record, outcome.status, outcome.body)
     answers = _object(outcome.body).get("answers")
     answer = answers.get("test") if isinstance(answers, dict) else None
     if not isinstance(answer, dict):
@@ -74,7 +78,7 @@ async def _decision(forwarder: Forwarder, model: str, service_id: int, headers: 
 
 
 async def _other(chat: ChatForwarder, kind: str, model: str, service_id: int,
-                 headers: dict[str, str]) -> dict[str, Any]:
+                 headers: dict[str, str], record: RequestRecord) -> dict[str, Any]:
     if kind == "completion":
         api = "openai-chat"
         body: dict[str, Any] = {"model": model, "stream": False, "max_tokens": 32,
@@ -85,19 +89,47 @@ async def _other(chat: ChatForwarder, kind: str, model: str, service_id: int,
     if not replicas:
         return {"ok": False, "status": 404, "error": "that service does not serve this model"}
     answer = await chat.open(replicas, body, api, headers)
+    record.provider = answer.replica.provider
     try:
         payload = await answer.whole()  # a failure there is an ArbiterError, as one before it
     finally:
+        record.backend_seconds = answer.waited
         await answer.close()
     if answer.status != 200:
-        return _failed(answer.status, payload)
+        return _failed(record, answer.status, payload)
     data = _object(payload)
     if kind == "completion":
-        reply = (data.get("choices") or [{}])[0].get("message", {}).get("content")
+        reply = _reply(data)
+        if reply is False:
+            return _unexpected(record, payload)
         return {"ok": True, "status": 200, "prompt": body["messages"][0]["content"], "reply": reply}
-    vectors = data.get("embeddings") or [item.get("embedding") for item in data.get("data", [])]
-    first = vectors[0] if vectors else []
-    return {"ok": True, "status": 200, "dimensions": len(first or []), "head": (first or [])[:4]}
+    vector = _first_vector(data)
+    if vector is None:
+        return _unexpected(record, payload)
+    return {"ok": True, "status": 200, "dimensions": len(vector), "head": vector[:4]}
+
+
+def _reply(data: dict[str, Any]) -> str | None | bool:
+    """The first choice's message content (None when it has none, as a reasoning model's may);
+    False when the answer is not shaped as a chat completion."""
+    choices = data.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices else None
+    message = first.get("message") if isinstance(first, dict) else None
+    content = message.get("content") if isinstance(message, dict) else False
+    return content if content is None or isinstance(content, str) else False
+
+
+def _first_vector(data: dict[str, Any]) -> list[float] | None:
+    """The first embedding of Ollama's ``embeddings`` or OpenAI's ``data``; None when malformed."""
+    if "embeddings" in data:
+        vectors = data["embeddings"]
+    else:
+        items = data.get("data")
+        vectors = [i.get("embedding") if isinstance(i, dict) else None for i in items] if isinstance(items, list) else None
+    first = vectors[0] if isinstance(vectors, list) and vectors else None
+    if not isinstance(first, list) or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in first):
+        return None
+    return first
 
 
 def _object(body: bytes) -> dict[str, Any]:
@@ -108,6 +140,14 @@ def _object(body: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _failed(status: int, body: bytes) -> dict[str, Any]:
-    """The backend's error as it came (as text, for the card)."""
+def _failed(record: RequestRecord, status: int, body: bytes) -> dict[str, Any]:
+    """The backend's error as it came (as text, for the card); its status is the error type, as
+    for a tenant's request."""
+    record.error_type = str(status)
     return {"ok": False, "status": status, "error": body.decode("utf-8", "replace")[:2000]}
+
+
+def _unexpected(record: RequestRecord, body: bytes) -> dict[str, Any]:
+    """A 200 that is not what the API promises: a bad gateway, as the forwarding path says of one."""
+    record.error_type = "backend_error"
+    return {"ok": False, "status": 502, "error": "unexpected answer: " + body.decode("utf-8", "replace")[:500]}

@@ -1,4 +1,4 @@
-"""Ollama version gating (SPEC §4): numeric compare; pre-releases, 0.0.0 and junk are too old."""
+"""Ollama version gating (SPEC §4): numeric compare; a pre-release of 0.35.0, 0.0.0 and junk are too old."""
 
 from __future__ import annotations
 
@@ -6,25 +6,31 @@ import re
 
 DECISION_MIN_OLLAMA = (0, 35, 0)
 DECISION_MIN_OLLAMA_TEXT = "0.35.0"
-_RELEASE = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)$")
+# X.Y.Z, then an optional pre-release (-rc1) and build (+build), as semantic versioning writes them.
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
 
 
-def parse_release(version: str | None) -> tuple[int, int, int] | None:
-    """(major, minor, patch) of a plain release; None for pre-releases, builds and junk."""
+def parse_version(version: str | None) -> tuple[tuple[int, int, int], bool] | None:
+    """((major, minor, patch), whether it is a pre-release); None for junk and source builds (0.0.0)."""
     if not version:
         return None
-    match = _RELEASE.match(version.strip())
+    match = _VERSION.match(version.strip())
     if match is None:
         return None
-    parts = tuple(int(p) for p in match.groups())
-    if parts == (0, 0, 0):
+    release = (int(match[1]), int(match[2]), int(match[3]))
+    if release == (0, 0, 0):
         return None  # a source build reports 0.0.0
-    return parts  # type: ignore[return-value]
+    return release, match[4] is not None
 
 
 def supports_decisions(version: str | None) -> bool:
-    release = parse_release(version)
-    return release is not None and release >= DECISION_MIN_OLLAMA
+    """0.35.0 or newer. A pre-release is older than its own release only: 0.35.0-rc1 is too old,
+    0.35.1-rc0 and 0.36.0-rc1 are new enough; build metadata (+...) changes nothing."""
+    parsed = parse_version(version)
+    if parsed is None:
+        return False
+    release, pre_release = parsed
+    return release > DECISION_MIN_OLLAMA or (release == DECISION_MIN_OLLAMA and not pre_release)
 
 
 def gate_message(version: str | None) -> str:

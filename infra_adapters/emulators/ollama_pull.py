@@ -6,7 +6,9 @@
     {"status":"writing manifest"}
     {"status":"success"}
 
-The lines are spread over `OllamaState.pull_seconds`. The model joins
+The lines are spread over `OllamaState.pull_seconds`, then the stream is silent
+for `OllamaState.verify_seconds` after "verifying" (as Ollama is while it checks
+a big model's digest). The model joins
 `state.models` once the last line is written, before the response ends; a
 client that goes away first leaves it uninstalled. While a pull runs, its name
 (as requested) is in `state.pulling` (gone by the time the response ends). `state.pull_errors[model]` makes the pull
@@ -72,7 +74,9 @@ async def _streamed(
             state.pulling.discard(name)  # before the client sees the end
             await response.write_eof()
             return response
-        for status in ("verifying sha256 digest", "writing manifest", "success"):
+        await response.write(ndjson_line({"status": "verifying sha256 digest"}))
+        await asyncio.sleep(state.verify_seconds)  # Ollama says nothing while it checks the digest
+        for status in ("writing manifest", "success"):
             await response.write(ndjson_line({"status": status}))
         if client_gone(request):
             return response

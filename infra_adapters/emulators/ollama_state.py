@@ -48,6 +48,7 @@ class OllamaState:
     text_limit: int = 65536  # bytes of request text (body without media), else 413
     body_limit: int = 32 * 1024 * 1024  # bytes of body, else 413
     pull_seconds: float = 0.3  # how long one `/api/pull` takes from first line to last
+    verify_seconds: float = 0.0  # silence after "verifying sha256 digest" (a big model's digest check)
     pull_errors: dict[str, str] = field(default_factory=dict)  # model -> error line mid-pull
     pulling: set[str] = field(default_factory=set)  # models whose pull is in progress
     stream_delay: float = 0.0  # seconds between streamed chat chunks

@@ -3,16 +3,19 @@ custom models, and Ollama Cloud registrations, over real HTTP to emulators."""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import select
 
+from app.db.models import ModelInstall, Service, utcnow
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app, ollama_cloud_state
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import Stack, assert_error, body, decide, public_models
+from tests.support import Gateway, Stack, assert_error, body, decide, public_models
 
 Emulator = tuple[EmulatorServer, OllamaState]
 
@@ -240,3 +243,68 @@ def test_ollama_cloud(stack: Stack, cloud: Emulator) -> None:
         fixed = body(admin.patch("/admin/services/cloud", json={"api_key": "other"}), 200)
         assert fixed["reachable"] is True and fixed["last_error"] is None
     assert decide(stack, "clef:27b").status_code == 200
+
+
+def left_running(stack: Stack, model: str, seconds_ago: float) -> int:
+    """A running install as a process leaves it when it is killed mid-pull (OOM, a lost node):
+    last refreshed ``seconds_ago``, and no process that will ever finish it."""
+    with stack.db.session() as session:
+        service = session.scalar(select(Service).where(Service.name == "own"))
+        assert service is not None
+        job = ModelInstall(service_id=service.id, backend_name=f"{model}:latest", public_name=model,
+                           capabilities=["decision"], source="catalog", actor="cli", stage="pulling 0123abcd",
+                           percent=40.0, updated_at=utcnow() - dt.timedelta(seconds=seconds_ago))
+        session.add(job)
+        session.flush()
+        return job.id
+
+
+def test_an_install_whose_process_died_fails_and_can_be_done_again(stack: Stack, own: Emulator) -> None:
+    _, state = own
+    dead = left_running(stack, "tev1", seconds_ago=120)  # ARBITER_INSTALL_LEASE is 30 s
+    with stack.client("admin") as admin:
+        view = body(admin.get(f"/admin/installs/{dead}"), 200)
+        assert view["status"] == "failed" and view["finished_at"] is not None
+        assert "process running this install stopped" in view["error"]
+        assert [i["status"] for i in body(admin.get("/admin/installs"), 200)["data"]] == ["failed"]
+        assert_error(admin.post(f"/admin/installs/{dead}/cancel"), 409, "conflict_error")
+
+        again = left_running(stack, "nimble-v3", seconds_ago=120)  # not looked at before the new install
+        redo = body(admin.post("/admin/services/own/models", json={"model": "nimble-v3"}), 202)
+        assert poll(admin, redo["id"])[-1]["status"] == "succeeded"
+        assert body(admin.get(f"/admin/installs/{again}"), 200)["status"] == "failed"
+
+        cancelled = left_running(stack, "clef", seconds_ago=120)
+        view = body(admin.post(f"/admin/installs/{cancelled}/cancel"), 200)
+        assert view["status"] == "cancelled" and view["error"] is None  # no process to wait for
+    assert state.find_model("nimble-v3") is not None and decide(stack, "nimble-v3").status_code == 200
+
+
+def test_a_cancel_of_an_install_nobody_runs_ends_it_when_its_lease_runs_out(
+        stack: Stack, own: Emulator, gateway_factory: Callable[..., Gateway]) -> None:
+    with gateway_factory(install_lease=1.0).client(stack.admin_key) as admin:
+        orphan = left_running(stack, "tev1", seconds_ago=0)  # its process died a moment ago
+        asked = body(admin.post(f"/admin/installs/{orphan}/cancel"), 200)
+        assert asked["status"] == "running"  # it could be alive on another replica: it is asked to stop
+        views = poll(admin, orphan, timeout=5)
+        assert views[-1]["status"] == "cancelled"
+
+
+def test_a_silent_pull_keeps_its_lease_and_a_cancel_from_another_replica_reaches_it(
+        stack: Stack, own: Emulator, gateway_factory: Callable[..., Gateway]) -> None:
+    _, state = own
+    state.pull_seconds, state.verify_seconds = 0.2, 3.0  # Ollama says nothing for 3 s at "verifying"
+    runner, other = gateway_factory(install_lease=1.0), gateway_factory(install_lease=1.0)
+    with runner.client(stack.admin_key) as admin, other.client(stack.admin_key) as elsewhere:
+        job = body(admin.post("/admin/services/own/models", json={"model": "tev1"}), 202)
+        views = poll(elsewhere, job["id"])  # read on the replica that does not run it
+        assert [v["status"] for v in views[:-1]] == ["running"] * (len(views) - 1)
+        assert views[-1]["status"] == "succeeded" and views[-1]["error"] is None
+
+        job = body(admin.post("/admin/services/own/models", json={"model": "nimble-v3"}), 202)
+        wait_for(lambda: body(elsewhere.get(f"/admin/installs/{job['id']}"), 200)["stage"].startswith("verifying"))
+        started = time.monotonic()
+        assert body(elsewhere.post(f"/admin/installs/{job['id']}/cancel"), 200)["status"] == "running"
+        final = poll(elsewhere, job["id"])[-1]
+        assert final["status"] == "cancelled" and time.monotonic() - started < 1.5  # not at the end of the pull
+    assert state.find_model("nimble-v3") is None

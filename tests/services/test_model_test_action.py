@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from infra_adapters.emulators.generation import EMBEDDING_DIM
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
@@ -131,3 +132,55 @@ def test_unknown_model_id(stack: Stack) -> None:
         assert_error(admin.post("/admin/models/not-a-number/test"), 400)
     with stack.client() as client:  # a project key never opens an admin route
         assert_error(client.post("/admin/models/1/test"), 401)
+
+
+def counted_tests(stack: Stack) -> dict[tuple[str, str, str], float]:
+    """Finished Tests in the metrics: (model, provider, error_type) -> how many."""
+    with stack.client("admin") as admin:
+        text = body_text(admin.get("/metrics"))
+    counts: dict[tuple[str, str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "gen_ai_client_operation_duration_seconds_count":
+                labels = sample.labels
+                key = (labels["gen_ai_request_model"], labels["gen_ai_provider_name"], labels["error_type"])
+                counts[key] = counts.get(key, 0) + sample.value
+    return counts
+
+
+def body_text(response: httpx.Response) -> str:
+    assert response.status_code == 200, response.text
+    return response.text
+
+
+@pytest.mark.parametrize(("model", "answer"), [
+    ("llama3.2", b'{"choices":["x"]}'),
+    ("llama3.2", b'{"choices":[{"message":null}]}'),
+    ("llama3.2", b'{"choices":[{"message":{"content":7}}]}'),
+    ("llama3.2", b'["not", "an", "object"]'),
+    ("nomic-embed-text", b'{"embeddings":[5]}'),
+    ("nomic-embed-text", b'{"embeddings":[["a"]]}'),
+    ("nomic-embed-text", b'{"data":[1]}'),
+    ("nomic-embed-text", b'{"embeddings":[]}'),
+])
+def test_an_odd_answer_is_a_bad_gateway_not_a_crash_and_is_counted(stack: Stack, model: str,
+                                                                    answer: bytes) -> None:
+    stack.ollama_state.models["nomic-embed-text"] = ["embedding"]
+    with stack.client("admin") as admin:
+        body(admin.post("/admin/services/ollama/refresh"), 200)
+    faults = stack.ollama_state.faults
+    faults.status, faults.body, faults.content_type = 200, answer, "application/json"
+    _, result = run_test(stack, model)
+    assert result["ok"] is False and result["status"] == 502
+    assert result["error"].startswith("unexpected answer: ") and answer.decode()[2:9] in result["error"]
+    assert counted_tests(stack) == {(model, "ollama", "backend_error"): 1}
+
+
+@pytest.mark.parametrize("model", ["nimble", "llama3.2"])
+def test_a_backends_error_is_counted_under_its_status_and_provider(stack: Stack, model: str) -> None:
+    stack.ollama_state.faults.status = 500  # its own error (a 5xx that takes no replica out)
+    _, result = run_test(stack, model)
+    assert result["ok"] is False and result["status"] == 500
+    stack.ollama_state.faults.reset()
+    assert run_test(stack, model)[1]["ok"] is True
+    assert counted_tests(stack) == {(model, "ollama", "500"): 1, (model, "ollama", ""): 1}

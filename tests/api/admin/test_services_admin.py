@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+import httpx
 import pytest
+from aiohttp import web
 
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from infra_adapters.emulators.vllm import VllmState
-from tests.support import Stack, assert_error, body, closed_port, decide, public_models
+from infra_adapters.emulators.vllm import VllmState, make_vllm_app
+from tests.support import (
+    Gateway,
+    Stack,
+    assert_error,
+    body,
+    closed_port,
+    decide,
+    public_models,
+    wait_for,
+)
 
 GATE = "Decision models need Ollama 0.35.0 or newer; this Ollama is 0.34.9."
 
@@ -208,3 +223,99 @@ def test_refresh_is_audited_with_what_it_changed(stack: Stack) -> None:
     assert entry["action"] == "service.refresh" and entry["target"] == "service:ollama"
     assert entry["request_id"] == response.headers["x-request-id"]
     assert entry["details"]["added"] == ["tev1:latest"] and entry["details"]["removed"] == []
+
+
+def test_a_backend_that_rejects_arbiters_key_on_a_request_shows_in_the_service_status(
+        stack: Stack, vllm: tuple[EmulatorServer, VllmState]) -> None:
+    server, state = vllm
+    state.required_bearer = "sk-first"
+    chat_state = VllmState(required_bearer="sk-chat")
+    with EmulatorServer(make_vllm_app(chat_state)) as chat_server, stack.client("admin") as admin:
+        body(admin.post("/admin/services", json={"type": "vllm", "url": server.url, "name": "gpu",
+                                                 "api_key": "sk-first"}), 201)
+        chat_state.models = {"chat-only": {}}
+        body(admin.post("/admin/services", json={"type": "vllm", "url": chat_server.url, "name": "chatbox",
+                                                 "api_key": "sk-chat"}), 201)
+        assert decide(stack, "Qwen/Qwen3-0.6B").status_code == 200
+        state.required_bearer = chat_state.required_bearer = "rotated"  # the keys were changed there
+
+        assert_error(decide(stack, "Qwen/Qwen3-0.6B"), 500, "upstream_auth_error")
+        with stack.client() as client:
+            chat = client.post("/v1/chat/completions", json={"model": "chat-only", "max_tokens": 4,
+                                                             "messages": [{"role": "user", "content": "hi"}]})
+        assert_error(chat, 500, "upstream_auth_error")
+        for name, url in (("gpu", server.url), ("chatbox", chat_server.url)):
+            view = wait_for(lambda name=name: (v := body(admin.get(f"/admin/services/{name}"), 200))["last_error"]
+                            and v)
+            assert view["last_error"].startswith(f"{url} rejected Arbiter's credential")
+            assert "sk-" not in view["last_error"] and "rotated" not in view["last_error"]
+        listed = {s["name"]: s for s in body(admin.get("/admin/services"), 200)["data"]}
+        assert "rejected Arbiter's credential" in listed["gpu"]["last_error"]
+
+        fixed = body(admin.patch("/admin/services/gpu", json={"api_key": "rotated"}), 200)
+        assert fixed["last_error"] is None and fixed["reachable"] is True  # the new key was read with
+    assert decide(stack, "Qwen/Qwen3-0.6B").status_code == 200
+
+
+@pytest.fixture
+def trickling() -> Iterator[tuple[EmulatorServer, dict[str, float]]]:
+    """An Ollama whose /api/version answers one byte every ``pace["delay"]`` seconds (0: at once);
+    ``pace["reads"]`` counts the slow answers begun."""
+    pace = {"delay": 0.0, "reads": 0.0}
+
+    @web.middleware
+    async def trickle(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path != "/api/version" or not pace["delay"]:
+            return await handler(request)  # type: ignore[no-any-return]
+        pace["reads"] += 1
+        answer = b'{"version":"0.35.0"}'
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.content_length = len(answer)
+        await response.prepare(request)
+        for byte in answer:  # every read returns within any read timeout: only a total deadline helps
+            await response.write(bytes([byte]))
+            await asyncio.sleep(pace["delay"])
+        return response
+
+    app = make_ollama_app(OllamaState(models={"llama3.2": ["completion"]}))
+    app.middlewares.insert(0, trickle)
+    with EmulatorServer(app) as server:
+        yield server, pace
+
+
+def test_an_admin_call_to_a_trickling_backend_ends_at_the_admin_timeout(
+        stack: Stack, trickling: tuple[EmulatorServer, dict[str, float]],
+        gateway_factory: Callable[..., Gateway]) -> None:
+    server, pace = trickling
+    with gateway_factory(backend_admin_timeout=1.0).client(stack.admin_key) as admin:
+        body(admin.post("/admin/services", json={"type": "ollama-external", "url": server.url, "name": "slow"}), 201)
+        pace["delay"] = 0.5  # the whole answer would take 10 s
+        started = time.monotonic()
+        refused = assert_error(admin.post("/admin/services", json={"type": "ollama-external", "url": server.url,
+                                                                   "name": "slower"}), 400)
+        assert time.monotonic() - started < 2.5
+        assert refused["error"].endswith("/api/version did not answer within 1s")
+        started = time.monotonic()
+        refreshed = body(admin.post("/admin/services/slow/refresh"), 200)
+        assert time.monotonic() - started < 2.5
+        assert refreshed["reachable"] is False and "did not answer within 1s" in refreshed["last_error"]
+
+
+def test_a_slow_backend_read_does_not_hold_up_other_admin_writes(
+        stack: Stack, trickling: tuple[EmulatorServer, dict[str, float]]) -> None:
+    server, pace = trickling
+    pace["delay"] = 0.15  # the version takes 3 s to arrive: within the admin timeout (10 s)
+    slow_calls: list[Callable[[httpx.Client], httpx.Response]] = [
+        lambda admin: admin.post("/admin/services", json={"type": "ollama-external", "url": server.url,
+                                                          "name": "slow"}),
+        lambda admin: admin.patch("/admin/services/slow", json={"api_key": "k2"}),  # a new key: read again
+    ]
+    for number, slow_call in enumerate(slow_calls):
+        with ThreadPoolExecutor(1) as pool, stack.client("admin") as admin:
+            slow = pool.submit(slow_call, admin)
+            wait_for(lambda number=number: pace["reads"] > number)  # its backend read has begun
+            started = time.monotonic()
+            body(admin.post("/admin/projects", json={"name": f"meanwhile-{number}", "models": "all"}), 201)
+            took = time.monotonic() - started
+            assert body(slow.result(), 200 if number else 201)["version"] == "0.35.0"
+        assert took < 1.0, f"another admin write waited {took:.1f}s for a backend read"

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
+from infra_adapters.emulators.ollama import OllamaState, make_ollama_app, ollama_cloud_state
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState
 from tests.support import Stack, assert_error, closed_port, decision
@@ -291,3 +291,20 @@ def test_an_api_key_that_is_no_bearer_token_is_a_400(admin: httpx.Client, stack:
     with stack.client() as client:
         assert client.post("/v1/systemone", json=decision()).status_code == 200
     assert admin.patch("/admin/services/ollama", json={"api_key": "sk-Fine_key.1~"}).status_code == 200
+
+
+def test_an_ollama_cloud_key_cannot_be_removed(stack: Stack, admin: httpx.Client) -> None:
+    state = ollama_cloud_state("cloud-key")
+    with EmulatorServer(make_ollama_app(state)) as server:
+        added = admin.post("/admin/services", json={"type": "ollama-cloud", "url": server.url, "name": "cloud",
+                                                    "api_key": "cloud-key"})
+        assert added.status_code == 201, added.text
+        before = audit_count(admin)
+        refused = assert_error(admin.patch("/admin/services/cloud", json={"api_key": None}), 400)
+        assert "api_key" in refused["error"]  # as adding one without a key is refused
+        assert admin.get("/admin/services/cloud").json()["has_credential"] is True
+        assert audit_count(admin) == before
+        registered = admin.post("/admin/services/cloud/models", json={"model": "clef:27b"})
+        assert registered.status_code == 201, registered.text
+        with stack.client() as client:
+            assert client.post("/v1/systemone", json=decision("clef:27b")).status_code == 200
