@@ -25,6 +25,6 @@ async def exchange(request: Request) -> Response:
             body += chunk
             if len(body) > MAX_EXCHANGE_BYTES:
                 raise TooLarge(f"a model list is at most {MAX_EXCHANGE_BYTES} bytes")
-        outcome = mesh.receive(authorization, bytes(body), address)
+        outcome = await mesh.receive(authorization, bytes(body), address)
     status, answer, headers = outcome
     return Response(answer, status_code=status, media_type="application/json", headers=headers)

@@ -4,6 +4,12 @@ Each configured peer gets a loop that exchanges model lists with it every ``mesh
 seconds (backing off while it is down); a peer that connects to this node is answered by
 ``receive``. After every change the mesh's models are handed to the registry, which the
 forwarding paths read: a model not on this node goes to a peer that has it, as to a replica.
+
+A link opens with an introduction: before this node knows a peer's name it cannot sign for it,
+so it signs a first exchange for any node (``*``) that carries no models; the peer answers with
+its name (proved with the mesh key) and records nothing, and every exchange after that is
+signed for that name. An introduction captured and replayed to another node therefore gains
+nothing there.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from app.db.session import Database
 from app.errors import (
     ArbiterError,
     AuthenticationFailed,
+    BackendFailed,
     Conflict,
     InvalidRequest,
     NotFound,
@@ -37,8 +44,9 @@ from app.errors import (
     Unsupported,
     UpstreamAuthFailed,
 )
-from app.mesh.auth import ANY_NODE, PROOF_HEADER, MeshAuth, valid_node_name
+from app.mesh.auth import ANY_NODE, NONCE_LIFETIME, PROOF_HEADER, WINDOW, MeshAuth, valid_node_name
 from app.mesh.backend import MeshBackend
+from app.mesh.nonces import nonce_store
 from app.mesh.protocol import (
     EXCHANGE_PATH,
     PROTOCOL,
@@ -87,7 +95,7 @@ class Peer:
 
 
 class Mesh:
-    def __init__(self, settings: Settings, registry: Registry, database: Database) -> None:
+    def __init__(self, settings: Settings, registry: Registry, database: Database, redis: Any = None) -> None:
         self._settings = settings
         self._registry = registry
         self._database = database
@@ -95,7 +103,10 @@ class Mesh:
         self.name = settings.mesh_node_name or f"{socket.gethostname()}:{settings.port}"
         host = socket.gethostname() if settings.host in ("0.0.0.0", "::") else settings.host
         self.url = (settings.mesh_url or f"http://{host}:{settings.port}").rstrip("/")
-        self.auth = MeshAuth(settings.mesh_key.get_secret_value(), self.name) if settings.mesh_key else None
+        # Accepted nonces, shared by every process of this node: Redis when it is configured.
+        self._nonces = nonce_store(redis, database, NONCE_LIFETIME)
+        self.auth = (MeshAuth(settings.mesh_key.get_secret_value(), self.name, self._nonces)
+                     if settings.mesh_key else None)
         self.interval = settings.mesh_interval
         self.max_hops = settings.mesh_max_hops
         self._peers: dict[str, Peer] = {}  # "out:<url>" or "in:<node name>"
@@ -252,46 +263,13 @@ class Mesh:
             await asyncio.sleep(delay * random.uniform(0.85, 1.0))
 
     async def _exchange(self, peer: Peer) -> None:
-        assert self._client is not None and self.auth is not None and peer.url is not None
-        body = orjson.dumps(self._announcement(peer.name))
-        authorization, nonce = self.auth.sign("POST", EXCHANGE_PATH, body, target=peer.name or ANY_NODE)
-        url = peer.url + EXCHANGE_PATH
-        try:
-            async with self._client.stream("POST", url, content=body, headers={
-                    "Authorization": authorization, "Content-Type": "application/json"}) as response:
-                answer = await _read_capped(response)
-        except httpx.TimeoutException:
-            self._lost(peer, f"{peer.url} did not answer within {self._client.timeout.read:g}s")
-            return
-        except (httpx.HTTPError, OSError, ValueError) as exc:
-            self._lost(peer, f"cannot reach {peer.url}: {type(exc).__name__}")
-            return
-        if response.status_code in (401, 403):
-            why = _error_message(answer)
-            if "meant for another node" in why:  # the peer has a new name: introduce ourselves again
-                peer.name = None
-                self._lost(peer, f"{peer.url} is now another node; reconnecting", state="connecting")
+        if peer.name is None:  # an introduction first: it gives the name the exchange is signed for
+            hello = await self._send(peer, self._introduction(), ANY_NODE)
+            if hello is None:
                 return
-            self._set_state(peer, "key_rejected", f"peer {peer.name or peer.url} refused this node's mesh key "
-                                                  f"(HTTP {response.status_code}: {why or 'no reason given'}); "
-                                                  "every node of a mesh needs the same ARBITER_MESH_KEY and a "
-                                                  "clock within a minute of the others", level=logging.ERROR)
-            return
-        if response.status_code != 200:
-            self._lost(peer, f"{peer.url} answered HTTP {response.status_code} to the model-list exchange "
-                             "(is it an Arbiter with the mesh on?)")
-            return
-        if not self.auth.answer_valid(nonce, answer, response.headers.get(PROOF_HEADER)):
-            self._lost(peer, f"{peer.url} answered without proving it holds the mesh key; ignored",
-                       state="unproven", level=logging.ERROR)
-            return
-        try:
-            announcement = self._reader.read(orjson.loads(answer))
-        except (orjson.JSONDecodeError, BadAnnouncement) as exc:
-            self._lost(peer, f"{peer.url} sent an unreadable model list: {exc}")
-            return
-        if announcement.node == self.name:
-            self._lost(peer, f"{peer.url} is this node itself (the same node name {self.name})")
+            peer.name, peer.version, peer.decision_models = hello.node, hello.version, hello.decision_models
+        announcement = await self._send(peer, self._announcement(peer.name), peer.name)
+        if announcement is None:
             return
         self._heard(peer, announcement)
         if announcement.accepted:
@@ -300,6 +278,52 @@ class Mesh:
             self._set_state(peer, "refused_us",
                             f"peer {announcement.node} (version {announcement.version}) refused this node's "
                             f"model list: {announcement.reason or 'no reason given'}", level=logging.ERROR)
+
+    async def _send(self, peer: Peer, payload: dict[str, Any], target: str) -> Announcement | None:
+        """One exchange with ``peer``: its proven answer, or None when there is none (the peer's
+        state then says why)."""
+        assert self._client is not None and self.auth is not None and peer.url is not None
+        body = orjson.dumps(payload)
+        authorization, nonce = self.auth.sign("POST", EXCHANGE_PATH, body, target=target)
+        url = peer.url + EXCHANGE_PATH
+        try:
+            async with self._client.stream("POST", url, content=body, headers={
+                    "Authorization": authorization, "Content-Type": "application/json"}) as response:
+                answer = await _read_capped(response)
+        except httpx.TimeoutException:
+            self._lost(peer, f"{peer.url} did not answer within {self._client.timeout.read:g}s")
+            return None
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            self._lost(peer, f"cannot reach {peer.url}: {type(exc).__name__}")
+            return None
+        if response.status_code in (401, 403):
+            why = _error_message(answer)
+            if "meant for another node" in why:  # the peer has a new name: introduce ourselves again
+                peer.name = None
+                self._lost(peer, f"{peer.url} is now another node; reconnecting", state="connecting")
+                return None
+            self._set_state(peer, "key_rejected", f"peer {peer.name or peer.url} refused this node's mesh key "
+                                                  f"(HTTP {response.status_code}: {why or 'no reason given'}); "
+                                                  "every node of a mesh needs the same ARBITER_MESH_KEY and a "
+                                                  "clock within a minute of the others", level=logging.ERROR)
+            return None
+        if response.status_code != 200:
+            self._lost(peer, f"{peer.url} answered HTTP {response.status_code} to the model-list exchange "
+                             "(is it an Arbiter with the mesh on?)")
+            return None
+        if not self.auth.answer_valid(nonce, answer, response.headers.get(PROOF_HEADER)):
+            self._lost(peer, f"{peer.url} answered without proving it holds the mesh key; ignored",
+                       state="unproven", level=logging.ERROR)
+            return None
+        try:
+            announcement = self._reader.read(orjson.loads(answer))
+        except (orjson.JSONDecodeError, BadAnnouncement) as exc:
+            self._lost(peer, f"{peer.url} sent an unreadable model list: {exc}")
+            return None
+        if announcement.node == self.name:
+            self._lost(peer, f"{peer.url} is this node itself (the same node name {self.name})")
+            return None
+        return announcement
 
     def _heard(self, peer: Peer, announcement: Announcement) -> None:
         peer.name, peer.version = announcement.node, announcement.version
@@ -347,7 +371,8 @@ class Mesh:
                               "address": address, "reason": error.message})
         log.warning("refused a mesh exchange from %s (claims to be %s): %s", address, claimed, error.message)
 
-    def receive(self, authorization: str | None, body: bytes, address: str | None) -> tuple[int, bytes, dict[str, str]]:
+    async def receive(self, authorization: str | None, body: bytes,
+                      address: str | None) -> tuple[int, bytes, dict[str, str]]:
         """A peer's exchange: ``(status, body, headers)`` of the answer."""
         if self.auth is None:
             return _error(NotFound("this node is not in a mesh"))
@@ -355,9 +380,11 @@ class Mesh:
             if authorization is None or not authorization.startswith("ArbiterMesh "):
                 raise AuthenticationFailed("a mesh credential is needed")
             claim = self.auth.claim(authorization, "POST", EXCHANGE_PATH, any_target=True)
-            self.auth.verify(claim, body)
+            await self.auth.verify(claim, body)
         except AuthenticationFailed as error:
             self._refuse(authorization, address, error)
+            return _error(error)
+        except BackendFailed as error:  # the nonce store is away
             return _error(error)
         try:
             announcement = self._reader.read(orjson.loads(body))
@@ -367,6 +394,11 @@ class Mesh:
             return _error(InvalidRequest("the model list's node is not the node that signed it"))
         if announcement.node == self.name:
             return _error(Conflict(f"this node is also called {self.name}; every node needs its own name"))
+        if claim.target == ANY_NODE:
+            # An introduction: who this node is, and nothing recorded or shared. Signed for any
+            # node, it may have been captured on its way to another one and replayed here.
+            answer = orjson.dumps({**self._introduction(), "accepted": True, "reason": None})
+            return 200, answer, {PROOF_HEADER: self.auth.answer_proof(claim.nonce, answer)}
         key = f"in:{announcement.node}"
         peer = self._peers.get(key)
         if peer is None:
@@ -380,6 +412,11 @@ class Mesh:
         return 200, answer, {PROOF_HEADER: self.auth.answer_proof(claim.nonce, answer)}
 
     # -- what this node announces, and the routes it takes -----------------------------
+
+    def _introduction(self) -> dict[str, Any]:
+        """Who this node is, without its models: what opens a link, and what answers one."""
+        return {"protocol": PROTOCOL, "node": self.name, "url": self.url, "version": VERSION,
+                "decision_models": True, "refused": None, "models": []}
 
     def _announcement(self, for_node: str | None) -> dict[str, Any]:
         """This node's models, and the mesh's models it can reach through others than ``for_node``
@@ -400,8 +437,7 @@ class Mesh:
                 if len(path) > self.max_hops:
                     continue
                 models[model.name] = model_entry(model.name, model.type, model.capabilities, path)
-        return {"protocol": PROTOCOL, "node": self.name, "url": self.url, "version": VERSION,
-                "decision_models": True, "refused": None, "models": list(models.values())}
+        return {**self._introduction(), "models": list(models.values())}
 
     def _usable(self) -> dict[str, Peer]:
         """Per node, the freshest link that may take requests."""
@@ -421,10 +457,15 @@ class Mesh:
         return best
 
     async def _sweep(self) -> None:
-        """Peers that connect to this node are dropped when they fall silent; forgotten later."""
+        """Peers that connect to this node are dropped when they fall silent; forgotten later.
+        Nonces past their lifetime are purged from the store now and then."""
+        purged = time.monotonic()
         while True:
             await asyncio.sleep(self.interval)
             now = time.monotonic()
+            if now - purged >= WINDOW:
+                purged = now
+                await self._nonces.purge()
             for key, peer in list(self._peers.items()):
                 if peer.direction != "inbound":
                     continue

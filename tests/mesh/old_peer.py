@@ -19,8 +19,24 @@ from app.mesh.protocol import EXCHANGE_PATH
 VERSION = "0.9.0"
 
 
+class MemoryNonces:
+    """The nonces a stand-in has accepted, in its one process (the real store is shared: app/mesh/nonces.py)."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    async def first_use(self, nonce: str) -> bool:
+        if nonce in self._seen:
+            return False
+        self._seen.add(nonce)
+        return True
+
+    async def purge(self) -> None:
+        return None
+
+
 def make_old_peer_app(key: str, name: str = "old-node", models: list[dict[str, Any]] | None = None) -> web.Application:
-    auth = MeshAuth(key, name)
+    auth = MeshAuth(key, name, MemoryNonces())
     announced = models if models is not None else [
         {"name": "legacy-chat", "type": "ollama", "capabilities": ["completion"], "path": [name]}]
 
@@ -28,7 +44,7 @@ def make_old_peer_app(key: str, name: str = "old-node", models: list[dict[str, A
         body = await request.read()
         try:
             claim = auth.claim(request.headers.get("Authorization", ""), "POST", EXCHANGE_PATH, any_target=True)
-            auth.verify(claim, body)
+            await auth.verify(claim, body)
         except AuthenticationFailed as error:
             return web.json_response({"error": error.message}, status=401)
         theirs = orjson.loads(body)

@@ -62,7 +62,7 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
     try:
         raw = await read_body(receive, encoding, max_body)
         if claim is not None and mesh is not None:
-            mesh.verify(claim, raw)
+            await mesh.verify(claim, raw)
     except ClientGone:
         return None
     except ArbiterError as error:
