@@ -121,7 +121,7 @@ class ChatForwarder:
                 last.__cause__ = exc
                 continue
             answer = Answer(replica, stream, self._settings.max_response_bytes)
-            if stream.status in (401, 403) and replica.backend.has_credential:
+            if replica.backend.rejected_own_credential(stream):
                 await answer.close()
                 raise UpstreamAuthFailed(rejected_credential(replica))
             if stream.status in _FAULT_STATUSES:

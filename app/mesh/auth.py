@@ -25,6 +25,9 @@ from app.mesh.nonces import NonceStore
 
 SCHEME = "ArbiterMesh "
 PROOF_HEADER = "X-Arbiter-Mesh-Proof"
+# On a 401 that refuses a mesh credential: the node that sent it knows its mesh key was refused,
+# and not the request by a backend behind this node (whose 401/403 passes through unchanged).
+REFUSED_HEADER = "X-Arbiter-Mesh-Refused"
 ANY_NODE = "*"
 WINDOW = 60.0  # seconds a signature is accepted either side of the receiver's clock
 # How long an accepted nonce is kept: its signature's time may be WINDOW ahead of the receiver's
@@ -38,6 +41,14 @@ _SALT = re.compile(r"^[0-9a-f]{16,128}$")
 
 def valid_node_name(name: str) -> bool:
     return bool(_NODE_NAME.match(name))
+
+
+class MeshCredentialRefused(AuthenticationFailed):
+    """A mesh credential this node refuses (401), marked with ``X-Arbiter-Mesh-Refused: 1``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.headers[REFUSED_HEADER] = "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,36 +91,36 @@ class MeshAuth:
     # -- the receiving side --------------------------------------------------------
 
     def claim(self, authorization: str, method: str, path: str, *, any_target: bool = False) -> Claim:
-        """The header's claim, checked for form, target and time (AuthenticationFailed otherwise).
+        """The header's claim, checked for form, target and time (MeshCredentialRefused otherwise).
         ``any_target``: the model-list exchange, which a node may send before it knows our name."""
         parts = authorization[len(SCHEME):].split(";")
         if len(parts) != 8 or parts[0] != "v1":
-            raise AuthenticationFailed("malformed mesh credential")
+            raise MeshCredentialRefused("malformed mesh credential")
         _, node, target, timestamp, nonce, hops, salt, signature = parts
         if not (valid_node_name(node) and (target == ANY_NODE or valid_node_name(target))
                 and timestamp.isdigit() and hops.isdigit() and len(hops) < 4
                 and (salt == "-" or _SALT.match(salt)) and _NONCE.match(nonce) and _SIGNATURE.match(signature)):
-            raise AuthenticationFailed("malformed mesh credential")
+            raise MeshCredentialRefused("malformed mesh credential")
         if node == self.node:
-            raise AuthenticationFailed("a request signed by this node came back to it: a mesh loop")
+            raise MeshCredentialRefused("a request signed by this node came back to it: a mesh loop")
         if target != self.node and not (any_target and target == ANY_NODE):
-            raise AuthenticationFailed(f"mesh credential meant for another node ({target})")
+            raise MeshCredentialRefused(f"mesh credential meant for another node ({target})")
         if abs(time.time() - int(timestamp)) > WINDOW:
-            raise AuthenticationFailed("mesh credential out of its time window (are the nodes' clocks right?)")
+            raise MeshCredentialRefused("mesh credential out of its time window (are the nodes' clocks right?)")
         return Claim(node, target, int(timestamp), nonce, int(hops), None if salt == "-" else salt, signature,
                      method, path)
 
     async def verify(self, claim: Claim, body: bytes) -> None:
-        """AuthenticationFailed unless the claim was signed with the mesh key over this body, and
+        """MeshCredentialRefused unless the claim was signed with the mesh key over this body, and
         its nonce is new to this node (BackendFailed, 503, when the nonce store is unreachable)."""
         if self._nonces is None:
             raise RuntimeError("this MeshAuth has no nonce store: it can sign requests, not verify them")
         expected = self._mac(claim.method, claim.path, claim.node, claim.target, claim.timestamp, claim.nonce,
                              claim.hops, claim.salt or "-", body)
         if not hmac.compare_digest(expected, claim.signature):
-            raise AuthenticationFailed("mesh credential refused: wrong mesh key")
+            raise MeshCredentialRefused("mesh credential refused: wrong mesh key")
         if not await self._nonces.first_use(claim.nonce):
-            raise AuthenticationFailed("mesh credential refused: replayed")
+            raise MeshCredentialRefused("mesh credential refused: replayed")
 
     def answer_proof(self, nonce: str, body: bytes) -> str:
         message = b"arbiter-mesh-v1 answer\n" + nonce.encode() + b"\n" + hashlib.sha256(body).hexdigest().encode()

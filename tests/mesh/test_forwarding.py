@@ -132,6 +132,22 @@ def test_a_peer_that_stops_taking_this_nodes_key_gives_500(mesh_node: Callable[.
     assert "node-b" in response.json()["error"]
 
 
+def test_a_backends_own_401_or_403_behind_a_peer_comes_back_unchanged(mesh_node: Callable[..., Node]) -> None:
+    # Only a refusal of the mesh credential itself is this node's upstream_auth_error (SPEC §1).
+    b = mesh_node("node-b", models={"tev1": ["decision"], "llama3.2": ["completion"]})
+    a = mesh_node("node-a", peers=[b.url])
+    wait_for(lambda: _answers(a, "tev1"))
+    chat = {"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}]}
+    for status, text in ((403, b'{"error":"model is gated for this account"}'), (401, b'{"error":"sign in first"}')):
+        b.ollama.faults.status, b.ollama.faults.body = status, text
+        for response in (a.client().post("/v1/systemone", json=decision("tev1")),
+                         a.client().post("/v1/chat/completions", json=chat)):
+            assert (response.status_code, response.content) == (status, text)
+    b.ollama.faults.reset()
+    assert _answers(a, "tev1")
+    assert a.peer("node-b")["state"] == "connected"  # type: ignore[index]
+
+
 def test_checks_run_on_the_entry_node(mesh_node: Callable[..., Node]) -> None:
     b = mesh_node("node-b", models={"tev1": ["decision"], "nimble": ["decision"]})
     a = mesh_node("node-a", peers=[b.url])
@@ -166,8 +182,9 @@ def test_forwarded_requests_need_the_mesh_credential(mesh_node: Callable[..., No
         ok = client.post("/v1/systemone", content=body, headers={"Authorization": authorization})
         assert ok.status_code == 200, ok.text
         # The same credential again (a replay), a wrong key, another body, a made-up scheme.
-        assert_error(client.post("/v1/systemone", content=body, headers={"Authorization": authorization}),
-                     401, "authentication_error")
+        replayed = client.post("/v1/systemone", content=body, headers={"Authorization": authorization})
+        assert_error(replayed, 401, "authentication_error")
+        assert replayed.headers["X-Arbiter-Mesh-Refused"] == "1"  # the sender's mesh key, not its request
         wrong, _ = MeshAuth("another key", "node-x").sign("POST", "/v1/systemone", body, target="node-b")
         assert_error(client.post("/v1/systemone", content=body, headers={"Authorization": wrong}),
                      401, "authentication_error")
