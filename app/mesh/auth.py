@@ -37,6 +37,9 @@ _NODE_NAME = re.compile(r"^[A-Za-z0-9._:@\-]{1,100}$")
 _NONCE = re.compile(r"^[0-9a-f]{32}$")
 _SIGNATURE = re.compile(r"^[0-9a-f]{64}$")
 _SALT = re.compile(r"^[0-9a-f]{16,128}$")
+# ASCII digits only: str.isdigit() also takes "²" and other digits int() cannot read.
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")
+_HOPS = re.compile(r"[0-9]{1,3}")
 
 
 def valid_node_name(name: str) -> bool:
@@ -98,7 +101,7 @@ class MeshAuth:
             raise MeshCredentialRefused("malformed mesh credential")
         _, node, target, timestamp, nonce, hops, salt, signature = parts
         if not (valid_node_name(node) and (target == ANY_NODE or valid_node_name(target))
-                and timestamp.isdigit() and hops.isdigit() and len(hops) < 4
+                and _TIMESTAMP.fullmatch(timestamp) and _HOPS.fullmatch(hops)
                 and (salt == "-" or _SALT.match(salt)) and _NONCE.match(nonce) and _SIGNATURE.match(signature)):
             raise MeshCredentialRefused("malformed mesh credential")
         if node == self.node:

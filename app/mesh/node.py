@@ -19,6 +19,7 @@ import contextlib
 import datetime as dt
 import logging
 import random
+import re
 import socket
 import time
 from collections import deque
@@ -66,6 +67,7 @@ MAX_EXCHANGE_BYTES = 8 * 1024 * 1024
 MAX_ROW_ID = 2**31 - 1
 IDLE_BACKEND_SECONDS = 60.0
 _UNLIMITED_TEXT = 1 << 62  # the node that has the model applies its own text limit
+_LENGTH = re.compile(r"[0-9]{1,20}")  # a Content-Length in ASCII digits ("²" passes str.isdigit())
 
 
 @dataclass(eq=False)
@@ -361,7 +363,8 @@ class Mesh:
         except AuthenticationFailed as error:
             self._refuse(authorization, address, error)
             return _error(error)
-        if content_length is not None and (not content_length.isdigit() or int(content_length) > MAX_EXCHANGE_BYTES):
+        if content_length is not None and (not _LENGTH.fullmatch(content_length)
+                                           or int(content_length) > MAX_EXCHANGE_BYTES):
             return _error(TooLarge(f"a model list is at most {MAX_EXCHANGE_BYTES} bytes"))
         return None
 

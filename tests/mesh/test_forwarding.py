@@ -205,6 +205,18 @@ def test_forwarded_requests_need_the_mesh_credential(mesh_node: Callable[..., No
     assert _usage(b) == []  # a forwarded request is billed by the node it entered
 
 
+def test_a_credential_with_digits_that_are_not_ascii_is_a_401(mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"tev1": ["decision"]})
+    body = orjson.dumps(decision("tev1"))
+    auth = MeshAuth(MESH_KEY, "node-x")
+    for path, target in (("/v1/systemone", "node-b"), ("/mesh/v1/exchange", "*")):
+        parts = auth.sign("POST", path, body, target=target)[0].split(";")
+        for index in (3, 5):  # the time, the hop count: "²" passes str.isdigit(), not int()
+            header = ";".join([*parts[:index], "²", *parts[index + 1:]]).encode("latin-1")
+            response = httpx.post(f"{b.url}{path}", content=body, headers={"Authorization": header})
+            assert "malformed" in assert_error(response, 401, "authentication_error")["error"]
+
+
 def test_a_standalone_node_refuses_mesh_credentials(mesh_node: Callable[..., Node]) -> None:
     b = mesh_node("node-b", models={"tev1": ["decision"]}, mesh_key=None)
     body = orjson.dumps(decision("tev1"))
