@@ -67,6 +67,9 @@ MAX_EXCHANGE_BYTES = 8 * 1024 * 1024
 MAX_ROW_ID = 2**31 - 1
 IDLE_BACKEND_SECONDS = 60.0
 _UNLIMITED_TEXT = 1 << 62  # the node that has the model applies its own text limit
+# Added to a mesh route's timeout once per hop: each node on the way waits a little longer than
+# the next one, so the node nearest the model times out first and its answer comes back.
+HOP_MARGIN = 5.0
 _LENGTH = re.compile(r"[0-9]{1,20}")  # a Content-Length in ASCII digits ("²" passes str.isdigit())
 
 
@@ -427,7 +430,8 @@ class Mesh:
         models: dict[str, dict[str, Any]] = {}
         for entry in self._registry.entries():
             models[entry.public_name] = model_entry(entry.public_name, entry.replicas[0].service_type,
-                                                    entry.capabilities, [self.name])
+                                                    entry.capabilities, [self.name],
+                                                    max(r.timeout for r in entry.replicas))
         for node, peer in self._usable().items():
             if node == for_node:
                 continue
@@ -439,7 +443,8 @@ class Mesh:
                     continue
                 if len(path) > self.max_hops:
                     continue
-                models[model.name] = model_entry(model.name, model.type, model.capabilities, path)
+                models[model.name] = model_entry(model.name, model.type, model.capabilities, path,
+                                                 model.timeout)
         return {**self._introduction(), "models": list(models.values())}
 
     def _usable(self) -> dict[str, Peer]:
@@ -523,13 +528,17 @@ class Mesh:
                 url, self.auth, connect_timeout=self._settings.backend_connect_timeout,
                 pool_size=self._settings.backend_pool_size)
         backend.target = node
+        # The model's own timeout where it runs, and a margin per hop to it; a peer of an earlier
+        # version does not say, and this node's default (and one margin) is used.
+        timeout = (self._settings.backend_timeout + HOP_MARGIN if model.timeout is None
+                   else model.timeout + HOP_MARGIN * len(model.path))
         replica = self._replicas.get((node, model.name))
         if replica is None or replica.backend is not backend:
             replica = self._replicas[(node, model.name)] = Replica(
                 self._id(node), node, "mesh", backend, model.name, model.capabilities, _UNLIMITED_TEXT,
-                self._settings.backend_timeout + 5.0, 0, legacy=legacy)
+                timeout, 0, legacy=legacy)
         else:  # the same object: in-flight counts stay true
-            replica.capabilities, replica.legacy = model.capabilities, legacy
+            replica.capabilities, replica.legacy, replica.timeout = model.capabilities, legacy, timeout
         return replica
 
     def _id(self, node: str) -> int:

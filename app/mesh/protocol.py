@@ -4,12 +4,14 @@
     {"protocol": 1, "node": "b:8080", "url": "http://b:8080", "version": "0.1.0",
      "decision_models": true, "refused": null,
      "models": [{"name": "nimble", "type": "ollama", "capabilities": ["decision"],
-                 "path": ["c:8080", "b:8080"]}]}
+                 "path": ["c:8080", "b:8080"], "timeout": 120}]}
 
 The answer has the same shape plus ``accepted`` (false when the answering node refuses the
 caller's model list, with the reason in ``reason``). ``path`` lists the nodes a model's route
 passes through, from the node that has it to the announcing node; a node drops routes whose
-path holds its own name (no loops) or that are longer than the hop limit.
+path holds its own name (no loops) or that are longer than the hop limit. ``timeout`` is the
+seconds the node that has the model gives it to answer (passed on unchanged along the path;
+absent from earlier versions).
 
 Reading is lenient one entry at a time: a newer peer may send model types, capabilities or
 fields this node does not know; each is skipped with a log line (once per peer), never a crash.
@@ -29,8 +31,9 @@ KNOWN_TYPES = frozenset({"ollama", "ollama-external", "ollama-cloud", "vllm", "o
 KNOWN_CAPABILITIES = frozenset({"decision", "completion", "embedding", "vision", "audio", "video"})
 _ANNOUNCEMENT_FIELDS = frozenset({"protocol", "node", "url", "version", "decision_models", "models",
                                   "refused", "accepted", "reason"})
-_MODEL_FIELDS = frozenset({"name", "type", "capabilities", "path"})
+_MODEL_FIELDS = frozenset({"name", "type", "capabilities", "path", "timeout"})
 MAX_MODELS = 10_000
+MAX_TIMEOUT = 86_400.0
 
 log = logging.getLogger("arbiter.mesh")
 
@@ -45,6 +48,7 @@ class RemoteModel:
     type: str
     capabilities: frozenset[str]
     path: tuple[str, ...]  # origin first, the announcing node last
+    timeout: float | None = None  # seconds the origin gives the model; None from earlier versions
 
     def view(self) -> dict[str, Any]:
         return {"name": self.name, "type": self.type, "capabilities": sorted(self.capabilities),
@@ -64,8 +68,11 @@ class Announcement:
 
 
 def model_entry(name: str, type_: str, capabilities: frozenset[str] | set[str],
-                path: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    return {"name": name, "type": type_, "capabilities": sorted(capabilities), "path": list(path)}
+                path: tuple[str, ...] | list[str], timeout: float | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": name, "type": type_, "capabilities": sorted(capabilities), "path": list(path)}
+    if timeout is not None:
+        entry["timeout"] = timeout
+    return entry
 
 
 class Reader:
@@ -136,7 +143,14 @@ class Reader:
                 or not all(isinstance(p, str) and valid_node_name(p) for p in path)):
             self._note(node, f"peer {node} sent model '{name}' with a malformed path; skipped")
             return None
-        return RemoteModel(name, type_, frozenset(caps) & KNOWN_CAPABILITIES, tuple(path))
+        timeout = entry.get("timeout")
+        if timeout is not None and (not isinstance(timeout, int | float) or isinstance(timeout, bool)
+                                    or not 0 < timeout <= MAX_TIMEOUT):
+            self._note(node, f"peer {node} sent model '{name}' with a timeout that is not a number of "
+                             f"seconds up to {MAX_TIMEOUT:g}; this node's own is used")
+            timeout = None
+        return RemoteModel(name, type_, frozenset(caps) & KNOWN_CAPABILITIES, tuple(path),
+                           None if timeout is None else float(timeout))
 
     def _note(self, node: str, message: str) -> None:
         if (node, message) not in self._logged:

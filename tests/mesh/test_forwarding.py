@@ -75,6 +75,21 @@ def test_three_nodes_in_a_line(mesh_node: Callable[..., Node]) -> None:
     assert [m["id"] for m in listed] == ["tev1"] and listed[0]["owned_by"] == "mesh"
 
 
+def test_a_route_waits_as_long_as_the_model_where_it_runs(mesh_node: Callable[..., Node]) -> None:
+    # tev1 may take 30 s on node-c; node-a's own backends get a tenth of a second. A request
+    # through A and B waits for tev1's 30 s (and a margin per hop), not for A's own timeout.
+    c = mesh_node("node-c", models={"tev1": ["decision"]}, backend_timeout=30.0)
+    b = mesh_node("node-b", peers=[c.url])
+    a = mesh_node("node-a", peers=[b.url], backend_timeout=0.1)
+    wait_for(lambda: _answers(a, "tev1"))
+    # Past A's own timeout plus one margin (5.1 s, which aiohttp rounds up to the next second).
+    c.ollama.faults.latency = 7.5
+    slow = a.client().post("/v1/systemone", json=decision("tev1"))
+    assert slow.status_code == 200, slow.text
+    c.ollama.faults.reset()
+    assert _answers(a, "tev1")  # and the route was not backed off
+
+
 def test_links_work_both_ways(mesh_node: Callable[..., Node]) -> None:
     b = mesh_node("node-b")
     a = mesh_node("node-a", models={"nimble": ["decision"]}, peers=[b.url])

@@ -45,6 +45,18 @@ def test_a_newer_peers_unknown_types_and_fields_are_skipped_one_by_one(caplog: p
     assert len(caplog.records) == count
 
 
+def test_a_models_timeout_is_read_when_it_is_a_number_of_seconds(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="arbiter.mesh")
+    entries = [{"name": name, "type": "ollama", "capabilities": ["decision"], **extra} for name, extra in (
+        ("given", {"timeout": 30}), ("absent", {}), ("text", {"timeout": "30"}), ("zero", {"timeout": 0}),
+        ("flag", {"timeout": True}))]
+    read = Reader().read(_announcement(models=entries))
+    assert [(m.name, m.timeout) for m in read.models] == [
+        ("given", 30.0), ("absent", None), ("text", None), ("zero", None), ("flag", None)]
+    assert not any("unknown model field 'timeout'" in r.getMessage() for r in caplog.records)
+    assert any("'text' with a timeout" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize("data", [[], "x", {"node": ""}, {"node": "bad name with spaces"}, {"models": []}])
 def test_an_announcement_without_a_node_is_refused_whole(data: Any) -> None:
     with pytest.raises(BadAnnouncement):
