@@ -444,7 +444,7 @@ class Mesh:
                 if len(path) > self.max_hops:
                     continue
                 models[model.name] = model_entry(model.name, model.type, model.capabilities, path,
-                                                 model.timeout)
+                                                 model.timeout, _legacy(peer, model))
         return {**self._introduction(), "models": list(models.values())}
 
     def _usable(self) -> dict[str, Peer]:
@@ -494,7 +494,7 @@ class Mesh:
             for model in peer.models:
                 if self.name in model.path or len(model.path) > self.max_hops:
                     continue
-                replica = self._replica(node, peer.url, model, legacy=peer.decision_models is False)
+                replica = self._replica(node, peer.url, model, legacy=_legacy(peer, model))
                 live.add((node, model.name))
                 entries.setdefault(model.name, ModelEntry(model.name)).replicas.append(replica)
         blocked: dict[str, dict[str, ArbiterError]] = {}
@@ -566,6 +566,12 @@ def normalized_url(url: str) -> str:
     if not url.startswith(("http://", "https://")) or len(url) > 500 or " " in url:
         raise InvalidRequest(f"a mesh peer is a base URL such as http://node-b:8080, not {url[:100]!r}")
     return url
+
+
+def _legacy(peer: Peer, model: RemoteModel) -> bool:
+    """Whether a route from ``peer`` passes through a node that does not know decision models:
+    the peer itself, or one further on (the peer said so)."""
+    return peer.decision_models is False or model.legacy
 
 
 def _blocked_errors(name: str, peer: Peer) -> dict[str, ArbiterError]:

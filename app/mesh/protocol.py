@@ -11,7 +11,9 @@ caller's model list, with the reason in ``reason``). ``path`` lists the nodes a 
 passes through, from the node that has it to the announcing node; a node drops routes whose
 path holds its own name (no loops) or that are longer than the hop limit. ``timeout`` is the
 seconds the node that has the model gives it to answer (passed on unchanged along the path;
-absent from earlier versions).
+absent from earlier versions). ``legacy: true`` marks a route that passes through a node whose
+version does not know decision models (absent: it does not), so a node two hops away knows that
+such a route cannot answer decisions.
 
 Reading is lenient one entry at a time: a newer peer may send model types, capabilities or
 fields this node does not know; each is skipped with a log line (once per peer), never a crash.
@@ -31,7 +33,7 @@ KNOWN_TYPES = frozenset({"ollama", "ollama-external", "ollama-cloud", "vllm", "o
 KNOWN_CAPABILITIES = frozenset({"decision", "completion", "embedding", "vision", "audio", "video"})
 _ANNOUNCEMENT_FIELDS = frozenset({"protocol", "node", "url", "version", "decision_models", "models",
                                   "refused", "accepted", "reason"})
-_MODEL_FIELDS = frozenset({"name", "type", "capabilities", "path", "timeout"})
+_MODEL_FIELDS = frozenset({"name", "type", "capabilities", "path", "timeout", "legacy"})
 MAX_MODELS = 10_000
 MAX_TIMEOUT = 86_400.0
 
@@ -49,6 +51,7 @@ class RemoteModel:
     capabilities: frozenset[str]
     path: tuple[str, ...]  # origin first, the announcing node last
     timeout: float | None = None  # seconds the origin gives the model; None from earlier versions
+    legacy: bool = False  # the route passes through a node that does not know decision models
 
     def view(self) -> dict[str, Any]:
         return {"name": self.name, "type": self.type, "capabilities": sorted(self.capabilities),
@@ -68,10 +71,12 @@ class Announcement:
 
 
 def model_entry(name: str, type_: str, capabilities: frozenset[str] | set[str],
-                path: tuple[str, ...] | list[str], timeout: float | None) -> dict[str, Any]:
+                path: tuple[str, ...] | list[str], timeout: float | None, legacy: bool = False) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": name, "type": type_, "capabilities": sorted(capabilities), "path": list(path)}
     if timeout is not None:
         entry["timeout"] = timeout
+    if legacy:
+        entry["legacy"] = True
     return entry
 
 
@@ -150,7 +155,7 @@ class Reader:
                              f"seconds up to {MAX_TIMEOUT:g}; this node's own is used")
             timeout = None
         return RemoteModel(name, type_, frozenset(caps) & KNOWN_CAPABILITIES, tuple(path),
-                           None if timeout is None else float(timeout))
+                           None if timeout is None else float(timeout), entry.get("legacy") is True)
 
     def _note(self, node: str, message: str) -> None:
         if (node, message) not in self._logged:

@@ -45,15 +45,16 @@ def test_a_newer_peers_unknown_types_and_fields_are_skipped_one_by_one(caplog: p
     assert len(caplog.records) == count
 
 
-def test_a_models_timeout_is_read_when_it_is_a_number_of_seconds(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_models_timeout_and_legacy_flag_are_read_when_valid(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="arbiter.mesh")
     entries = [{"name": name, "type": "ollama", "capabilities": ["decision"], **extra} for name, extra in (
-        ("given", {"timeout": 30}), ("absent", {}), ("text", {"timeout": "30"}), ("zero", {"timeout": 0}),
+        ("given", {"timeout": 30, "legacy": True}), ("absent", {}), ("text", {"timeout": "30"}), ("zero", {"timeout": 0}),
         ("flag", {"timeout": True}))]
     read = Reader().read(_announcement(models=entries))
-    assert [(m.name, m.timeout) for m in read.models] == [
-        ("given", 30.0), ("absent", None), ("text", None), ("zero", None), ("flag", None)]
-    assert not any("unknown model field 'timeout'" in r.getMessage() for r in caplog.records)
+    assert [(m.name, m.timeout, m.legacy) for m in read.models] == [
+        ("given", 30.0, True), ("absent", None, False), ("text", None, False), ("zero", None, False),
+        ("flag", None, False)]
+    assert not any("unknown model field" in r.getMessage() for r in caplog.records)
     assert any("'text' with a timeout" in r.getMessage() for r in caplog.records)
 
 

@@ -64,3 +64,14 @@ def test_installing_a_decision_model_while_a_peer_is_too_old_warns_first(
     wait_for(lambda: a.client().post("/v1/systemone", json=decision("tev1")).status_code == 200)
     peer = wait_for(lambda: _peer(a).get("state") == "refused_us" and _peer(a))
     assert "tev1" in peer["error"]
+
+
+def test_a_model_only_an_old_node_two_hops_away_has_gets_405(
+        mesh_node: Callable[..., Node], old_peer: EmulatorServer) -> None:
+    b = mesh_node("node-b", peers=[old_peer.url])
+    a = mesh_node("node-a", peers=[b.url])  # A - B - old-node
+    route = wait_for(lambda: next((m for p in a.mesh()["peers"] for m in p["models"]
+                                   if m["name"] == "legacy-chat"), None))
+    assert route["path"] == ["old-node", "node-b"]
+    response = a.client().post("/v1/systemone", json=decision("legacy-chat"))
+    assert "does not know decision models" in assert_error(response, 405, "unsupported_error")["error"]
