@@ -273,7 +273,8 @@ class Mesh:
             if hello is None:
                 return
             peer.name, peer.version, peer.decision_models = hello.node, hello.version, hello.decision_models
-        announcement = await self._send(peer, self._announcement(peer.name), peer.name)
+        announcement = await self._send(peer, self._announcement(peer.name, peer.decision_models is not False),
+                                        peer.name)
         if announcement is None:
             return
         self._heard(peer, announcement)
@@ -414,7 +415,8 @@ class Mesh:
         self._heard(peer, announcement)
         peer.state, peer.error = "connected", None
         self._publish()
-        answer = orjson.dumps({**self._announcement(announcement.node), "accepted": True, "reason": None})
+        answer = orjson.dumps({**self._announcement(announcement.node, announcement.decision_models),
+                               "accepted": True, "reason": None})
         return 200, answer, {PROOF_HEADER: self.auth.answer_proof(claim.nonce, answer)}
 
     # -- what this node announces, and the routes it takes -----------------------------
@@ -424,9 +426,11 @@ class Mesh:
         return {"protocol": PROTOCOL, "node": self.name, "url": self.url, "version": VERSION,
                 "decision_models": True, "refused": None, "models": []}
 
-    def _announcement(self, for_node: str | None) -> dict[str, Any]:
+    def _announcement(self, for_node: str | None, relay_decisions: bool = True) -> dict[str, Any]:
         """This node's models, and the mesh's models it can reach through others than ``for_node``
-        (routes through ``for_node`` would send its requests back to it)."""
+        (routes through ``for_node`` would send its requests back to it). Without
+        ``relay_decisions`` (``for_node`` does not know decision models) the mesh's decision
+        models are left out: that node would refuse the whole list for another node's model."""
         models: dict[str, dict[str, Any]] = {}
         for entry in self._registry.entries():
             models[entry.public_name] = model_entry(entry.public_name, entry.replicas[0].service_type,
@@ -438,6 +442,8 @@ class Mesh:
             for model in peer.models:
                 path = (*model.path, self.name)
                 if model.name in models and len(models[model.name]["path"]) <= len(path):
+                    continue
+                if not relay_decisions and "decision" in model.capabilities:
                     continue
                 if self.name in model.path or (for_node is not None and for_node in model.path):
                     continue
