@@ -281,9 +281,7 @@ class Mesh:
         if announcement.accepted:
             self._set_state(peer, "connected", None)
         else:
-            self._set_state(peer, "refused_us",
-                            f"peer {announcement.node} (version {announcement.version}) refused this node's "
-                            f"model list: {announcement.reason or 'no reason given'}", level=logging.ERROR)
+            self._set_state(peer, "refused_us", _refusal(announcement, announcement.reason), level=logging.ERROR)
 
     async def _send(self, peer: Peer, payload: dict[str, Any], target: str) -> Announcement | None:
         """One exchange with ``peer``: its proven answer, or None when there is none (the peer's
@@ -335,10 +333,7 @@ class Mesh:
         peer.name, peer.version = announcement.node, announcement.version
         peer.decision_models, peer.models = announcement.decision_models, announcement.models
         peer.last_contact, peer.seen = dt.datetime.now(dt.UTC), time.monotonic()
-        if announcement.refused != peer.refused_by_peer:
-            peer.refused_by_peer = announcement.refused
-            if announcement.refused:
-                log.error("mesh peer %s refused this node's model list: %s", peer.name, announcement.refused)
+        peer.refused_by_peer = announcement.refused
 
     def _lost(self, peer: Peer, error: str, *, state: str = "unreachable", level: int = logging.WARNING) -> None:
         peer.models = []  # withdrawn: requests must not go where nothing answers
@@ -408,12 +403,14 @@ class Mesh:
             return 200, answer, {PROOF_HEADER: self.auth.answer_proof(claim.nonce, answer)}
         key = f"in:{announcement.node}"
         peer = self._peers.get(key)
-        if peer is None:
+        if peer is None:  # its state change below says it connected (or was refused)
             peer = self._peers[key] = Peer(url=announcement.url, direction="inbound", source="inbound")
-            log.info("mesh peer %s (%s) connected to this node", announcement.node, announcement.url)
         peer.url = announcement.url
         self._heard(peer, announcement)
-        peer.state, peer.error = "connected", None
+        if announcement.refused:  # it refused the model list this node answered with last time
+            self._set_state(peer, "refused_us", _refusal(announcement, announcement.refused), level=logging.ERROR)
+        else:
+            self._set_state(peer, "connected", None)
         self._publish()
         answer = orjson.dumps({**self._announcement(announcement.node, announcement.decision_models),
                                "accepted": True, "reason": None})
@@ -486,7 +483,7 @@ class Mesh:
                 silent = now - peer.seen
                 if silent > 600:
                     del self._peers[key]
-                elif silent > 3 * self.interval and peer.state == "connected":
+                elif silent > 3 * self.interval and peer.state in ("connected", "refused_us"):
                     self._lost(peer, f"no model-list exchange from {peer.name} for {silent:.0f}s")
             self._publish()
 
@@ -572,6 +569,11 @@ def normalized_url(url: str) -> str:
     if not url.startswith(("http://", "https://")) or len(url) > 500 or " " in url:
         raise InvalidRequest(f"a mesh peer is a base URL such as http://node-b:8080, not {url[:100]!r}")
     return url
+
+
+def _refusal(announcement: Announcement, reason: str | None) -> str:
+    return (f"peer {announcement.node} (version {announcement.version}) refused this node's model list: "
+            f"{reason or 'no reason given'}")
 
 
 def _legacy(peer: Peer, model: RemoteModel) -> bool:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import orjson
 from aiohttp import web
 
 from app.errors import AuthenticationFailed
-from app.mesh.auth import PROOF_HEADER, MeshAuth
+from app.mesh.auth import ANY_NODE, PROOF_HEADER, MeshAuth
 from app.mesh.protocol import EXCHANGE_PATH
 
 VERSION = "0.9.0"
@@ -61,3 +62,20 @@ def make_old_peer_app(key: str, name: str = "old-node", models: list[dict[str, A
     app = web.Application()
     app.router.add_post(EXCHANGE_PATH, exchange)
     return app
+
+
+def connect_as_old_node(url: str, key: str, refused: str | None, name: str = "old-node") -> httpx.Response:
+    """An older node connecting to the node at ``url``, as it would: a first exchange signed for
+    any node, then one signed for the name the answer gave. ``refused``: why it refused the model
+    list that node answered with before (None: it did not)."""
+    auth = MeshAuth(key, name)
+    target = ANY_NODE
+    for _ in range(2):
+        body = orjson.dumps({"protocol": 1, "node": name, "url": None, "version": VERSION, "decision_models": False,
+                             "refused": refused, "models": [{"name": "legacy-chat", "type": "ollama",
+                                                             "capabilities": ["completion"], "path": [name]}]})
+        authorization, _ = auth.sign("POST", EXCHANGE_PATH, body, target=target)
+        response = httpx.post(url + EXCHANGE_PATH, content=body, headers={"Authorization": authorization})
+        response.raise_for_status()
+        target = response.json()["node"]
+    return response

@@ -11,7 +11,7 @@ import pytest
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState
 from tests.mesh.conftest import MESH_KEY, Node
-from tests.mesh.old_peer import make_old_peer_app
+from tests.mesh.old_peer import connect_as_old_node, make_old_peer_app
 from tests.support import assert_error, decision, wait_for
 
 
@@ -120,3 +120,19 @@ def test_adding_a_service_with_decision_models_while_a_peer_is_too_old_warns_fir
     added = a.admin().post("/admin/services", json={**service, "confirm": True})
     assert added.status_code == 201, added.text
     wait_for(lambda: _peer(a).get("state") == "refused_us")
+
+
+def test_an_older_node_that_connects_here_and_refuses_our_list_shows_it(
+        mesh_node: Callable[..., Node], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="arbiter.mesh")
+    a = mesh_node("node-a", models={"nimble": ["decision"]})
+    reason = "this node (version 0.9.0) does not know decision models; it refuses a model list that has one (nimble)"
+    connect_as_old_node(a.url, MESH_KEY, refused=reason)
+    peer = _peer(a)
+    assert (peer["direction"], peer["state"], peer["version"]) == ("inbound", "refused_us", "0.9.0")
+    assert peer["error"] == f"peer old-node (version 0.9.0) refused this node's model list: {reason}"
+    assert any("old-node (version 0.9.0) refused this node's model list" in r.getMessage() for r in caplog.records)
+    assert_error(a.client().post("/v1/systemone", json=decision("legacy-chat")), 405, "unsupported_error")
+
+    connect_as_old_node(a.url, MESH_KEY, refused=None)  # taken again (say its own list changed)
+    assert (_peer(a)["state"], _peer(a)["error"]) == ("connected", None)
