@@ -55,6 +55,7 @@ from app.mesh.protocol import (
     BadAnnouncement,
     Reader,
     RemoteModel,
+    has_userinfo,
     model_entry,
 )
 from app.services.registry import ModelEntry, Registry, Replica
@@ -566,6 +567,9 @@ def configured_peers(value: str) -> list[str]:
 
 def normalized_url(url: str) -> str:
     url = url.strip().rstrip("/")
+    if has_userinfo(url):  # it would show in the status, the logs and errors; never echoed
+        raise InvalidRequest("a mesh peer URL must not carry a user or password (peers prove the mesh key "
+                             "instead); give it as http://node-b:8080")
     if not url.startswith(("http://", "https://")) or len(url) > 500 or " " in url:
         raise InvalidRequest(f"a mesh peer is a base URL such as http://node-b:8080, not {url[:100]!r}")
     return url

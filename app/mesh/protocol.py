@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from app.mesh.auth import valid_node_name
 
@@ -70,6 +71,15 @@ class Announcement:
     refused: str | None = None  # the sender refused our last answer's model list, and why
 
 
+def has_userinfo(url: str) -> bool:
+    """Whether ``url`` carries a user or password (``http://user:pass@host``)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # unreadable (a bad IPv6 literal): judged by its text
+        return "@" in url.split("://", 1)[-1].split("/", 1)[0]
+    return bool(parts.username or parts.password)
+
+
 def model_entry(name: str, type_: str, capabilities: frozenset[str] | set[str],
                 path: tuple[str, ...] | list[str], timeout: float | None, legacy: bool = False) -> dict[str, Any]:
     entry: dict[str, Any] = {"name": name, "type": type_, "capabilities": sorted(capabilities), "path": list(path)}
@@ -101,7 +111,8 @@ class Reader:
         reason = data.get("reason")
         announcement = Announcement(
             node=node,
-            url=url if isinstance(url, str) and url.startswith(("http://", "https://")) else None,
+            url=url if isinstance(url, str) and url.startswith(("http://", "https://")) and not has_userinfo(url)
+            else None,
             version=version[:100] if isinstance(version, str) else "unknown",
             decision_models=data.get("decision_models") is True,
             accepted=data.get("accepted") is not False,
