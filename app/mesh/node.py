@@ -23,9 +23,7 @@ import re
 import socket
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -42,12 +40,11 @@ from app.errors import (
     InvalidRequest,
     NotFound,
     TooLarge,
-    Unsupported,
-    UpstreamAuthFailed,
 )
 from app.mesh.auth import ANY_NODE, NONCE_LIFETIME, PROOF_HEADER, WINDOW, MeshAuth, valid_node_name
 from app.mesh.backend import MeshBackend
 from app.mesh.nonces import nonce_store
+from app.mesh.peer import Peer, configured_peers, loopback, normalized_url
 from app.mesh.protocol import (
     EXCHANGE_PATH,
     PROTOCOL,
@@ -55,7 +52,6 @@ from app.mesh.protocol import (
     BadAnnouncement,
     Reader,
     RemoteModel,
-    has_userinfo,
     model_entry,
 )
 from app.services.registry import ModelEntry, Registry, Replica
@@ -72,32 +68,6 @@ _UNLIMITED_TEXT = 1 << 62  # the node that has the model applies its own text li
 # the next one, so the node nearest the model times out first and its answer comes back.
 HOP_MARGIN = 5.0
 _LENGTH = re.compile(r"[0-9]{1,20}")  # a Content-Length in ASCII digits ("²" passes str.isdigit())
-
-
-@dataclass(eq=False)
-class Peer:
-    url: str | None
-    direction: str  # "outbound": this node connects to it; "inbound": it connects to this node
-    source: str  # "config" (ARBITER_MESH_PEERS), "admin" (the admin API) or "inbound"
-    peer_id: int | None = None
-    name: str | None = None
-    state: str = "connecting"
-    version: str | None = None
-    decision_models: bool | None = None
-    models: list[RemoteModel] = field(default_factory=list)
-    last_contact: dt.datetime | None = None
-    seen: float = 0.0  # time.monotonic() of the last good exchange
-    error: str | None = None
-    failures: int = 0
-    refused_by_peer: str | None = None  # the peer refused this node's model list: why
-
-    def view(self) -> dict[str, Any]:
-        return {"id": self.peer_id, "name": self.name, "url": self.url, "direction": self.direction,
-                "source": self.source, "state": self.state, "version": self.version,
-                "decision_models": self.decision_models,
-                "last_contact": self.last_contact.isoformat() if self.last_contact else None,
-                "error": self.error, "refused_by_peer": self.refused_by_peer,
-                "models": [m.view() for m in self.models]}
 
 
 class Mesh:
@@ -138,7 +108,7 @@ class Mesh:
             raise ValueError(f"ARBITER_MESH_NODE_NAME {self.name!r} is not a valid node name "
                              "(1-100 of A-Z a-z 0-9 . _ : @ -)")
         peers = configured_peers(self._settings.mesh_peers)
-        if _loopback(self.url) and any(not _loopback(url) for url in peers):
+        if loopback(self.url) and any(not loopback(url) for url in peers):
             log.warning("this node announces %s, a loopback address, to peers on other hosts: they cannot "
                         "reach it; set ARBITER_MESH_URL", self.url)
         for url in peers:
@@ -448,7 +418,7 @@ class Mesh:
                 if len(path) > self.max_hops:
                     continue
                 models[model.name] = model_entry(model.name, model.type, model.capabilities, path,
-                                                 model.timeout, _legacy(peer, model))
+                                                 model.timeout, peer.legacy_route(model))
         return {**self._introduction(), "models": list(models.values())}
 
     def _usable(self) -> dict[str, Peer]:
@@ -498,7 +468,7 @@ class Mesh:
             for model in peer.models:
                 if self.name in model.path or len(model.path) > self.max_hops:
                     continue
-                replica = self._replica(node, peer.url, model, legacy=_legacy(peer, model))
+                replica = self._replica(node, peer.url, model, legacy=peer.legacy_route(model))
                 live.add((node, model.name))
                 entries.setdefault(model.name, ModelEntry(model.name)).replicas.append(replica)
         blocked: dict[str, dict[str, ArbiterError]] = {}
@@ -507,7 +477,7 @@ class Mesh:
                 continue
             for model in peer.models:
                 if model.name not in entries:
-                    blocked[model.name] = _blocked_errors(model.name, peer)
+                    blocked[model.name] = peer.blocked_errors(model.name)
         self._registry.set_remote(entries, blocked)
         now = time.monotonic()
         for peer in usable.values():
@@ -556,45 +526,9 @@ class MeshWarning(Conflict):
     error_type = "mesh_warning"
 
 
-def _loopback(url: str) -> bool:
-    host = (urlsplit(url).hostname or "").lower()
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
-def configured_peers(value: str) -> list[str]:
-    return [normalized_url(part) for part in value.split(",") if part.strip()]
-
-
-def normalized_url(url: str) -> str:
-    url = url.strip().rstrip("/")
-    if has_userinfo(url):  # it would show in the status, the logs and errors; never echoed
-        raise InvalidRequest("a mesh peer URL must not carry a user or password (peers prove the mesh key "
-                             "instead); give it as http://node-b:8080")
-    if not url.startswith(("http://", "https://")) or len(url) > 500 or " " in url:
-        raise InvalidRequest(f"a mesh peer is a base URL such as http://node-b:8080, not {url[:100]!r}")
-    return url
-
-
 def _refusal(announcement: Announcement, reason: str | None) -> str:
     return (f"peer {announcement.node} (version {announcement.version}) refused this node's model list: "
             f"{reason or 'no reason given'}")
-
-
-def _legacy(peer: Peer, model: RemoteModel) -> bool:
-    """Whether a route from ``peer`` passes through a node that does not know decision models:
-    the peer itself, or one further on (the peer said so)."""
-    return peer.decision_models is False or model.legacy
-
-
-def _blocked_errors(name: str, peer: Peer) -> dict[str, ArbiterError]:
-    if peer.state == "key_rejected":
-        error: ArbiterError = UpstreamAuthFailed(f"model '{name}' is on mesh node '{peer.name}', which rejected "
-                                                 "this node's mesh key; every node needs the same ARBITER_MESH_KEY")
-        return {"decision": error, "chat": error}
-    why = (f"mesh node '{peer.name}' (version {peer.version}) does not know decision models and refused "
-           "this node's model list")
-    return {"decision": Unsupported(f"model '{name}' is only on {why}; it cannot answer decisions"),
-            "chat": NotFound(f"model '{name}' is only on {why}")}
 
 
 def _error_message(body: bytes) -> str:
