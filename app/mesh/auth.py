@@ -95,7 +95,7 @@ class MeshAuth:
 
     def claim(self, authorization: str, method: str, path: str, *, any_target: bool = False) -> Claim:
         """The header's claim, checked for form, target and time (MeshCredentialRefused otherwise).
-        ``any_target``: the model-list exchange, which a node may send before it knows our name."""
+        ``any_target``: the model-list exchange, whose introduction a node signs for any node (``*``)."""
         parts = authorization[len(SCHEME):].split(";")
         if len(parts) != 8 or parts[0] != "v1":
             raise MeshCredentialRefused("malformed mesh credential")
