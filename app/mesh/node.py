@@ -283,8 +283,8 @@ class Mesh:
                                                   "clock within a minute of the others", level=logging.ERROR)
             return None
         if response.status_code != 200:
-            self._lost(peer, f"{peer.url} answered HTTP {response.status_code} to the model-list exchange "
-                             "(is it an Arbiter with the mesh on?)")
+            why = _error_message(answer) or "is it an Arbiter with the mesh on?"
+            self._lost(peer, f"{peer.url} answered HTTP {response.status_code} to the model-list exchange ({why})")
             return None
         if not self.auth.answer_valid(nonce, answer, response.headers.get(PROOF_HEADER)):
             self._lost(peer, f"{peer.url} answered without proving it holds the mesh key; ignored",

@@ -20,7 +20,7 @@ from app.db.session import Database
 from app.mesh.auth import MeshAuth
 from app.mesh.nonces import DatabaseNonces, RedisNonces
 from tests.mesh.conftest import MESH_KEY, Node
-from tests.support import Gateway, assert_error, decision, redis_url, wait_for
+from tests.support import Gateway, assert_error, closed_port, decision, redis_url, wait_for
 
 
 @pytest.mark.parametrize("store", ["database", "redis"])
@@ -45,6 +45,19 @@ def test_a_forwarded_request_is_accepted_once_by_every_replica_and_after_a_resta
     wait_for(lambda: restarted.app.components.registry.get("tev1") is not None)
     replayed = httpx.post(f"{restarted.url}/v1/systemone", content=body, headers=headers)
     assert "replayed" in assert_error(replayed, 401, "authentication_error")["error"]
+
+
+def test_a_node_whose_nonce_store_is_away_refuses_rather_than_risk_a_replay(
+        mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"tev1": ["decision"]}, redis_url=f"redis://127.0.0.1:{closed_port()}/0")
+    a = mesh_node("node-a", peers=[b.url])
+    peer = wait_for(lambda: (p := a.mesh()["peers"][0])["state"] == "unreachable" and p)  # no name yet
+    assert "HTTP 503" in peer["error"] and "nonce store is unreachable" in peer["error"]
+    body = orjson.dumps(decision("tev1"))
+    authorization, _ = MeshAuth(MESH_KEY, "node-x").sign("POST", "/v1/systemone", body, target="node-b")
+    refused = httpx.post(f"{b.url}/v1/systemone", content=body, headers={"Authorization": authorization})
+    assert "nonce store is unreachable" in assert_error(refused, 503, "backend_error")["error"]
+    assert refused.headers["Retry-After"] == "1"
 
 
 def test_an_introduction_replayed_to_another_node_gains_nothing_there(mesh_node: Callable[..., Node]) -> None:
