@@ -58,7 +58,7 @@ class Components:
         self.router = ReplicaRouter(settings.replica_backoff)
         self.forwarder = Forwarder(self.registry, self.router, settings, self.tracing, self.limiter)
         self.chat = ChatForwarder(self.registry, self.router, settings, self.limiter, self.tracing)
-        self.mesh = Mesh(settings, self.registry, self.database)
+        self.mesh = Mesh(settings, self.registry, self.database, self.redis)
         self.sync = SyncLoop(self.database, settings, self.changed_models)
         self.installer = Installer(self.database, settings, self.changed_models)
         self.touches = KeyTouches(self.database)

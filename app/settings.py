@@ -58,7 +58,7 @@ class Settings(BaseSettings):
         None, description="Encrypts service credentials at rest; needed to store a service's API key."
     )
     redis_url: SecretStr | None = Field(
-        None, description="Redis for rate limits shared by every replica and change notifications."
+        None, description="Redis for rate limits shared by every replica, change notifications and mesh nonces."
     )
     rate_limit_fail_open: bool = Field(
         False, description="Let requests through when Redis is unreachable (default: refuse with 503)."

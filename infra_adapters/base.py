@@ -74,6 +74,8 @@ class Reply:
     content_type: str | None
     body: bytes
     retry_after: str | None = None  # the backend's Retry-After, passed on with its error
+    # The backend marked this 401/403 as a refusal of Arbiter's own credential (a mesh peer does).
+    credential_refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,7 @@ class Stream(Protocol):
     status: int
     content_type: str | None
     retry_after: str | None
+    credential_refused: bool  # as on Reply
 
     def chunks(self) -> Any:
         """Async iterator of body chunks, in the order they arrive."""
@@ -114,6 +117,10 @@ class Backend(Protocol):
     @property
     def has_credential(self) -> bool:
         """True when Arbiter sends its own credential to this backend."""
+
+    def rejected_own_credential(self, answer: Reply | Stream) -> bool:
+        """True when ``answer`` refuses Arbiter's own credential (a 500 ``upstream_auth_error``
+        for the caller), not the request (the backend's own 401/403, passed through)."""
 
     def read_version(self) -> str | None:
         """The backend's version string, or None when it gives none it can read."""

@@ -21,6 +21,7 @@ from infra_adapters.base import (
     CallOptions,
     Reply,
     ReplyTooLarge,
+    Stream,
 )
 from infra_adapters.h1 import H1Pool
 
@@ -53,6 +54,9 @@ class HttpBackendBase:
     @property
     def has_credential(self) -> bool:
         return bool(self._credential)
+
+    def rejected_own_credential(self, answer: Reply | Stream) -> bool:
+        return answer.status in (401, 403) and self.has_credential
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r}, credential={'***' if self._credential else None})"
@@ -135,7 +139,7 @@ class HttpBackendBase:
             stream = await self.open(path, body, options)
             try:
                 return Reply(stream.status, stream.content_type, await stream.read(options.max_reply_bytes),
-                             stream.retry_after)
+                             stream.retry_after, stream.credential_refused)
             finally:
                 await stream.close()
         pool = self._pool
@@ -197,6 +201,10 @@ class AiohttpStream:
         self.status = response.status
         self.content_type: str | None = response.headers.get("Content-Type")
         self.retry_after: str | None = response.headers.get("Retry-After")
+        self.credential_refused = False  # set by a backend whose protocol marks it (the mesh)
+
+    def header(self, name: str) -> str | None:
+        return self._response.headers.get(name)
 
     async def read(self, limit: int) -> bytes:
         declared = self._response.content_length

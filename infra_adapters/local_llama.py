@@ -31,6 +31,7 @@ from infra_adapters.base import (
     RemoteModel,
     Reply,
     ReplyNotOk,
+    Stream,
 )
 
 PREFIX = "package:"
@@ -90,6 +91,9 @@ class LocalLlamaBackend:
     @property
     def has_credential(self) -> bool:
         return False
+
+    def rejected_own_credential(self, answer: Reply | Stream) -> bool:
+        return False  # no credential, no HTTP
 
     def __repr__(self) -> str:
         return f"LocalLlamaBackend(url={self.url!r})"

@@ -33,3 +33,14 @@ def test_every_cli_command_is_documented() -> None:
         commands = [f"arbiter {name} {child}" for child in nested[0].choices] if nested else [f"arbiter {name}"]
         for command in commands:
             assert command in admin, f"{command!r} is not in docs/admin.md"
+
+
+def test_no_file_keeps_a_merge_conflict() -> None:
+    """Code fails to import with conflict markers in it; a document does not, so look."""
+    root = DOCS.parent
+    markers = ("<<<<<<< ", ">>>>>>> ")
+    paths = [*root.glob("*.md"), *DOCS.rglob("*.md"), *(root / "bench").glob("*.md"),
+             *(root / "deploy").rglob("*"), *(root / "app").rglob("*.html")]
+    kept = [str(p.relative_to(root)) for p in paths if p.is_file()
+            and any(line.startswith(markers) for line in p.read_text(errors="replace").splitlines())]
+    assert kept == []

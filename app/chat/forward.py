@@ -175,7 +175,7 @@ class ChatForwarder:
                 continue
             waited += time.perf_counter() - started
             answer = Answer(replica, stream, model, cap, self._router, span, waited)
-            if stream.status in (401, 403) and replica.backend.has_credential:
+            if replica.backend.rejected_own_credential(stream):
                 await answer.close()
                 self._registry.note_credential_rejected(replica)
                 rejected = UpstreamAuthFailed(rejected_credential(replica))

@@ -184,3 +184,13 @@ class MeshPeer(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     url: Mapped[str] = mapped_column(String(500), unique=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class MeshNonce(Base):
+    """A nonce of a signed mesh request this node accepted, kept until its signature can no
+    longer be used (so a replay is refused by every replica of the node, and after a restart)."""
+
+    __tablename__ = "mesh_nonces"
+
+    nonce: Mapped[str] = mapped_column(String(32), primary_key=True)
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), index=True)

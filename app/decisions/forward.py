@@ -205,7 +205,7 @@ class Forwarder:
                                             f"'{replica.service_name}' does not serve /v1/systemone "
                                             "(an Ollama older than 0.35.0 or a vLLM without decisions)"),
                                 backoff=False)
-        if reply.status in (401, 403) and backend.has_credential:
+        if backend.rejected_own_credential(reply):
             log.error("service %s rejected Arbiter's credential (HTTP %s)", replica.service_name, reply.status)
             self._registry.note_credential_rejected(replica)
             raise _ReplicaFault(UpstreamAuthFailed(rejected_credential(replica)), backoff=False)

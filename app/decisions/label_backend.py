@@ -77,6 +77,9 @@ class LabelBackend:
     def has_credential(self) -> bool:
         return self.inner.has_credential
 
+    def rejected_own_credential(self, answer: Reply | Stream) -> bool:
+        return self.inner.rejected_own_credential(answer)
+
     def read_version(self) -> str | None:
         return self.inner.read_version()
 

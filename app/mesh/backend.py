@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 
-from app.mesh.auth import ANY_NODE, MeshAuth
-from infra_adapters.base import CallOptions, RemoteModel, Reply
+from app.mesh.auth import ANY_NODE, REFUSED_HEADER, MeshAuth
+from infra_adapters.base import CallOptions, RemoteModel, Reply, Stream
 from infra_adapters.http import AiohttpStream, HttpBackendBase
 
 _ROUTES = {"openai-chat": "/v1/chat/completions", "ollama-chat": "/api/chat",
@@ -26,7 +26,12 @@ class MeshBackend(HttpBackendBase):
 
     @property
     def has_credential(self) -> bool:
-        return True  # the mesh credential: a 401/403 from the peer means it refused our mesh key
+        return True  # the mesh credential
+
+    def rejected_own_credential(self, answer: Reply | Stream) -> bool:
+        # Only a refusal the peer marked as one of our mesh credential: any other 401/403 is the
+        # backend's behind the peer, about the request, and passes through (SPEC §1).
+        return answer.status in (401, 403) and answer.credential_refused
 
     def read_version(self) -> str | None:  # pragma: no cover - peers announce theirs in the exchange
         return None
@@ -49,4 +54,6 @@ class MeshBackend(HttpBackendBase):
                                            self.target)
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "User-Agent": "arbiter",
                    **options.headers, "Authorization": authorization}
-        return await self._open(path, data, headers, options)
+        stream = await self._open(path, data, headers, options)
+        stream.credential_refused = stream.header(REFUSED_HEADER) == "1"
+        return stream

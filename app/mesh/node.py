@@ -4,6 +4,12 @@ Each configured peer gets a loop that exchanges model lists with it every ``mesh
 seconds (backing off while it is down); a peer that connects to this node is answered by
 ``receive``. After every change the mesh's models are handed to the registry, which the
 forwarding paths read: a model not on this node goes to a peer that has it, as to a replica.
+
+A link opens with an introduction: before this node knows a peer's name it cannot sign for it,
+so it signs a first exchange for any node (``*``) that carries no models; the peer answers with
+its name (proved with the mesh key) and records nothing, and every exchange after that is
+signed for that name. An introduction captured and replayed to another node therefore gains
+nothing there.
 """
 
 from __future__ import annotations
@@ -13,12 +19,11 @@ import contextlib
 import datetime as dt
 import logging
 import random
+import re
 import socket
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -30,15 +35,16 @@ from app.db.session import Database
 from app.errors import (
     ArbiterError,
     AuthenticationFailed,
+    BackendFailed,
     Conflict,
     InvalidRequest,
     NotFound,
     TooLarge,
-    Unsupported,
-    UpstreamAuthFailed,
 )
-from app.mesh.auth import ANY_NODE, PROOF_HEADER, MeshAuth, valid_node_name
+from app.mesh.auth import ANY_NODE, NONCE_LIFETIME, PROOF_HEADER, WINDOW, MeshAuth, valid_node_name
 from app.mesh.backend import MeshBackend
+from app.mesh.nonces import nonce_store
+from app.mesh.peer import Peer, configured_peers, loopback, normalized_url
 from app.mesh.protocol import (
     EXCHANGE_PATH,
     PROTOCOL,
@@ -58,36 +64,14 @@ MAX_EXCHANGE_BYTES = 8 * 1024 * 1024
 MAX_ROW_ID = 2**31 - 1
 IDLE_BACKEND_SECONDS = 60.0
 _UNLIMITED_TEXT = 1 << 62  # the node that has the model applies its own text limit
-
-
-@dataclass(eq=False)
-class Peer:
-    url: str | None
-    direction: str  # "outbound": this node connects to it; "inbound": it connects to this node
-    source: str  # "config" (ARBITER_MESH_PEERS), "admin" (the admin API) or "inbound"
-    peer_id: int | None = None
-    name: str | None = None
-    state: str = "connecting"
-    version: str | None = None
-    decision_models: bool | None = None
-    models: list[RemoteModel] = field(default_factory=list)
-    last_contact: dt.datetime | None = None
-    seen: float = 0.0  # time.monotonic() of the last good exchange
-    error: str | None = None
-    failures: int = 0
-    refused_by_peer: str | None = None  # the peer refused this node's model list: why
-
-    def view(self) -> dict[str, Any]:
-        return {"id": self.peer_id, "name": self.name, "url": self.url, "direction": self.direction,
-                "source": self.source, "state": self.state, "version": self.version,
-                "decision_models": self.decision_models,
-                "last_contact": self.last_contact.isoformat() if self.last_contact else None,
-                "error": self.error, "refused_by_peer": self.refused_by_peer,
-                "models": [m.view() for m in self.models]}
+# Added to a mesh route's timeout once per hop: each node on the way waits a little longer than
+# the next one, so the node nearest the model times out first and its answer comes back.
+HOP_MARGIN = 5.0
+_LENGTH = re.compile(r"[0-9]{1,20}")  # a Content-Length in ASCII digits ("²" passes str.isdigit())
 
 
 class Mesh:
-    def __init__(self, settings: Settings, registry: Registry, database: Database) -> None:
+    def __init__(self, settings: Settings, registry: Registry, database: Database, redis: Any = None) -> None:
         self._settings = settings
         self._registry = registry
         self._database = database
@@ -95,7 +79,10 @@ class Mesh:
         self.name = settings.mesh_node_name or f"{socket.gethostname()}:{settings.port}"
         host = socket.gethostname() if settings.host in ("0.0.0.0", "::") else settings.host
         self.url = (settings.mesh_url or f"http://{host}:{settings.port}").rstrip("/")
-        self.auth = MeshAuth(settings.mesh_key.get_secret_value(), self.name) if settings.mesh_key else None
+        # Accepted nonces, shared by every process of this node: Redis when it is configured.
+        self._nonces = nonce_store(redis, database, NONCE_LIFETIME)
+        self.auth = (MeshAuth(settings.mesh_key.get_secret_value(), self.name, self._nonces)
+                     if settings.mesh_key else None)
         self.interval = settings.mesh_interval
         self.max_hops = settings.mesh_max_hops
         self._peers: dict[str, Peer] = {}  # "out:<url>" or "in:<node name>"
@@ -121,7 +108,7 @@ class Mesh:
             raise ValueError(f"ARBITER_MESH_NODE_NAME {self.name!r} is not a valid node name "
                              "(1-100 of A-Z a-z 0-9 . _ : @ -)")
         peers = configured_peers(self._settings.mesh_peers)
-        if _loopback(self.url) and any(not _loopback(url) for url in peers):
+        if loopback(self.url) and any(not loopback(url) for url in peers):
             log.warning("this node announces %s, a loopback address, to peers on other hosts: they cannot "
                         "reach it; set ARBITER_MESH_URL", self.url)
         for url in peers:
@@ -252,9 +239,27 @@ class Mesh:
             await asyncio.sleep(delay * random.uniform(0.85, 1.0))
 
     async def _exchange(self, peer: Peer) -> None:
+        if peer.name is None:  # an introduction first: it gives the name the exchange is signed for
+            hello = await self._send(peer, self._introduction(), ANY_NODE)
+            if hello is None:
+                return
+            peer.name, peer.version, peer.decision_models = hello.node, hello.version, hello.decision_models
+        announcement = await self._send(peer, self._announcement(peer.name, peer.decision_models is not False),
+                                        peer.name)
+        if announcement is None:
+            return
+        self._heard(peer, announcement)
+        if announcement.accepted:
+            self._set_state(peer, "connected", None)
+        else:
+            self._set_state(peer, "refused_us", _refusal(announcement, announcement.reason), level=logging.ERROR)
+
+    async def _send(self, peer: Peer, payload: dict[str, Any], target: str) -> Announcement | None:
+        """One exchange with ``peer``: its proven answer, or None when there is none (the peer's
+        state then says why)."""
         assert self._client is not None and self.auth is not None and peer.url is not None
-        body = orjson.dumps(self._announcement(peer.name))
-        authorization, nonce = self.auth.sign("POST", EXCHANGE_PATH, body, target=peer.name or ANY_NODE)
+        body = orjson.dumps(payload)
+        authorization, nonce = self.auth.sign("POST", EXCHANGE_PATH, body, target=target)
         url = peer.url + EXCHANGE_PATH
         try:
             async with self._client.stream("POST", url, content=body, headers={
@@ -262,53 +267,44 @@ class Mesh:
                 answer = await _read_capped(response)
         except httpx.TimeoutException:
             self._lost(peer, f"{peer.url} did not answer within {self._client.timeout.read:g}s")
-            return
+            return None
         except (httpx.HTTPError, OSError, ValueError) as exc:
             self._lost(peer, f"cannot reach {peer.url}: {type(exc).__name__}")
-            return
+            return None
         if response.status_code in (401, 403):
             why = _error_message(answer)
             if "meant for another node" in why:  # the peer has a new name: introduce ourselves again
                 peer.name = None
                 self._lost(peer, f"{peer.url} is now another node; reconnecting", state="connecting")
-                return
+                return None
             self._set_state(peer, "key_rejected", f"peer {peer.name or peer.url} refused this node's mesh key "
                                                   f"(HTTP {response.status_code}: {why or 'no reason given'}); "
                                                   "every node of a mesh needs the same ARBITER_MESH_KEY and a "
                                                   "clock within a minute of the others", level=logging.ERROR)
-            return
+            return None
         if response.status_code != 200:
-            self._lost(peer, f"{peer.url} answered HTTP {response.status_code} to the model-list exchange "
-                             "(is it an Arbiter with the mesh on?)")
-            return
+            why = _error_message(answer) or "is it an Arbiter with the mesh on?"
+            self._lost(peer, f"{peer.url} answered HTTP {response.status_code} to the model-list exchange ({why})")
+            return None
         if not self.auth.answer_valid(nonce, answer, response.headers.get(PROOF_HEADER)):
             self._lost(peer, f"{peer.url} answered without proving it holds the mesh key; ignored",
                        state="unproven", level=logging.ERROR)
-            return
+            return None
         try:
             announcement = self._reader.read(orjson.loads(answer))
         except (orjson.JSONDecodeError, BadAnnouncement) as exc:
             self._lost(peer, f"{peer.url} sent an unreadable model list: {exc}")
-            return
+            return None
         if announcement.node == self.name:
             self._lost(peer, f"{peer.url} is this node itself (the same node name {self.name})")
-            return
-        self._heard(peer, announcement)
-        if announcement.accepted:
-            self._set_state(peer, "connected", None)
-        else:
-            self._set_state(peer, "refused_us",
-                            f"peer {announcement.node} (version {announcement.version}) refused this node's "
-                            f"model list: {announcement.reason or 'no reason given'}", level=logging.ERROR)
+            return None
+        return announcement
 
     def _heard(self, peer: Peer, announcement: Announcement) -> None:
         peer.name, peer.version = announcement.node, announcement.version
         peer.decision_models, peer.models = announcement.decision_models, announcement.models
         peer.last_contact, peer.seen = dt.datetime.now(dt.UTC), time.monotonic()
-        if announcement.refused != peer.refused_by_peer:
-            peer.refused_by_peer = announcement.refused
-            if announcement.refused:
-                log.error("mesh peer %s refused this node's model list: %s", peer.name, announcement.refused)
+        peer.refused_by_peer = announcement.refused
 
     def _lost(self, peer: Peer, error: str, *, state: str = "unreachable", level: int = logging.WARNING) -> None:
         peer.models = []  # withdrawn: requests must not go where nothing answers
@@ -337,7 +333,8 @@ class Mesh:
         except AuthenticationFailed as error:
             self._refuse(authorization, address, error)
             return _error(error)
-        if content_length is not None and (not content_length.isdigit() or int(content_length) > MAX_EXCHANGE_BYTES):
+        if content_length is not None and (not _LENGTH.fullmatch(content_length)
+                                           or int(content_length) > MAX_EXCHANGE_BYTES):
             return _error(TooLarge(f"a model list is at most {MAX_EXCHANGE_BYTES} bytes"))
         return None
 
@@ -347,7 +344,8 @@ class Mesh:
                               "address": address, "reason": error.message})
         log.warning("refused a mesh exchange from %s (claims to be %s): %s", address, claimed, error.message)
 
-    def receive(self, authorization: str | None, body: bytes, address: str | None) -> tuple[int, bytes, dict[str, str]]:
+    async def receive(self, authorization: str | None, body: bytes,
+                      address: str | None) -> tuple[int, bytes, dict[str, str]]:
         """A peer's exchange: ``(status, body, headers)`` of the answer."""
         if self.auth is None:
             return _error(NotFound("this node is not in a mesh"))
@@ -355,9 +353,11 @@ class Mesh:
             if authorization is None or not authorization.startswith("ArbiterMesh "):
                 raise AuthenticationFailed("a mesh credential is needed")
             claim = self.auth.claim(authorization, "POST", EXCHANGE_PATH, any_target=True)
-            self.auth.verify(claim, body)
+            await self.auth.verify(claim, body)
         except AuthenticationFailed as error:
             self._refuse(authorization, address, error)
+            return _error(error)
+        except BackendFailed as error:  # the nonce store is away
             return _error(error)
         try:
             announcement = self._reader.read(orjson.loads(body))
@@ -367,27 +367,43 @@ class Mesh:
             return _error(InvalidRequest("the model list's node is not the node that signed it"))
         if announcement.node == self.name:
             return _error(Conflict(f"this node is also called {self.name}; every node needs its own name"))
+        if claim.target == ANY_NODE:
+            # An introduction: who this node is, and nothing recorded or shared. Signed for any
+            # node, it may have been captured on its way to another one and replayed here.
+            answer = orjson.dumps({**self._introduction(), "accepted": True, "reason": None})
+            return 200, answer, {PROOF_HEADER: self.auth.answer_proof(claim.nonce, answer)}
         key = f"in:{announcement.node}"
         peer = self._peers.get(key)
-        if peer is None:
+        if peer is None:  # its state change below says it connected (or was refused)
             peer = self._peers[key] = Peer(url=announcement.url, direction="inbound", source="inbound")
-            log.info("mesh peer %s (%s) connected to this node", announcement.node, announcement.url)
         peer.url = announcement.url
         self._heard(peer, announcement)
-        peer.state, peer.error = "connected", None
+        if announcement.refused:  # it refused the model list this node answered with last time
+            self._set_state(peer, "refused_us", _refusal(announcement, announcement.refused), level=logging.ERROR)
+        else:
+            self._set_state(peer, "connected", None)
         self._publish()
-        answer = orjson.dumps({**self._announcement(announcement.node), "accepted": True, "reason": None})
+        answer = orjson.dumps({**self._announcement(announcement.node, announcement.decision_models),
+                               "accepted": True, "reason": None})
         return 200, answer, {PROOF_HEADER: self.auth.answer_proof(claim.nonce, answer)}
 
     # -- what this node announces, and the routes it takes -----------------------------
 
-    def _announcement(self, for_node: str | None) -> dict[str, Any]:
+    def _introduction(self) -> dict[str, Any]:
+        """Who this node is, without its models: what opens a link, and what answers one."""
+        return {"protocol": PROTOCOL, "node": self.name, "url": self.url, "version": VERSION,
+                "decision_models": True, "refused": None, "models": []}
+
+    def _announcement(self, for_node: str | None, relay_decisions: bool = True) -> dict[str, Any]:
         """This node's models, and the mesh's models it can reach through others than ``for_node``
-        (routes through ``for_node`` would send its requests back to it)."""
+        (routes through ``for_node`` would send its requests back to it). Without
+        ``relay_decisions`` (``for_node`` does not know decision models) the mesh's decision
+        models are left out: that node would refuse the whole list for another node's model."""
         models: dict[str, dict[str, Any]] = {}
         for entry in self._registry.entries():
             models[entry.public_name] = model_entry(entry.public_name, entry.replicas[0].service_type,
-                                                    entry.capabilities, [self.name])
+                                                    entry.capabilities, [self.name],
+                                                    max(r.timeout for r in entry.replicas))
         for node, peer in self._usable().items():
             if node == for_node:
                 continue
@@ -395,13 +411,15 @@ class Mesh:
                 path = (*model.path, self.name)
                 if model.name in models and len(models[model.name]["path"]) <= len(path):
                     continue
+                if not relay_decisions and "decision" in model.capabilities:
+                    continue
                 if self.name in model.path or (for_node is not None and for_node in model.path):
                     continue
                 if len(path) > self.max_hops:
                     continue
-                models[model.name] = model_entry(model.name, model.type, model.capabilities, path)
-        return {"protocol": PROTOCOL, "node": self.name, "url": self.url, "version": VERSION,
-                "decision_models": True, "refused": None, "models": list(models.values())}
+                models[model.name] = model_entry(model.name, model.type, model.capabilities, path,
+                                                 model.timeout, peer.legacy_route(model))
+        return {**self._introduction(), "models": list(models.values())}
 
     def _usable(self) -> dict[str, Peer]:
         """Per node, the freshest link that may take requests."""
@@ -421,17 +439,22 @@ class Mesh:
         return best
 
     async def _sweep(self) -> None:
-        """Peers that connect to this node are dropped when they fall silent; forgotten later."""
+        """Peers that connect to this node are dropped when they fall silent; forgotten later.
+        Nonces past their lifetime are purged from the store now and then."""
+        purged = time.monotonic()
         while True:
             await asyncio.sleep(self.interval)
             now = time.monotonic()
+            if now - purged >= WINDOW:
+                purged = now
+                await self._nonces.purge()
             for key, peer in list(self._peers.items()):
                 if peer.direction != "inbound":
                     continue
                 silent = now - peer.seen
                 if silent > 600:
                     del self._peers[key]
-                elif silent > 3 * self.interval and peer.state == "connected":
+                elif silent > 3 * self.interval and peer.state in ("connected", "refused_us"):
                     self._lost(peer, f"no model-list exchange from {peer.name} for {silent:.0f}s")
             self._publish()
 
@@ -445,7 +468,7 @@ class Mesh:
             for model in peer.models:
                 if self.name in model.path or len(model.path) > self.max_hops:
                     continue
-                replica = self._replica(node, peer.url, model, legacy=peer.decision_models is False)
+                replica = self._replica(node, peer.url, model, legacy=peer.legacy_route(model))
                 live.add((node, model.name))
                 entries.setdefault(model.name, ModelEntry(model.name)).replicas.append(replica)
         blocked: dict[str, dict[str, ArbiterError]] = {}
@@ -454,7 +477,7 @@ class Mesh:
                 continue
             for model in peer.models:
                 if model.name not in entries:
-                    blocked[model.name] = _blocked_errors(model.name, peer)
+                    blocked[model.name] = peer.blocked_errors(model.name)
         self._registry.set_remote(entries, blocked)
         now = time.monotonic()
         for peer in usable.values():
@@ -479,13 +502,17 @@ class Mesh:
                 url, self.auth, connect_timeout=self._settings.backend_connect_timeout,
                 pool_size=self._settings.backend_pool_size)
         backend.target = node
+        # The model's own timeout where it runs, and a margin per hop to it; a peer of an earlier
+        # version does not say, and this node's default (and one margin) is used.
+        timeout = (self._settings.backend_timeout + HOP_MARGIN if model.timeout is None
+                   else model.timeout + HOP_MARGIN * len(model.path))
         replica = self._replicas.get((node, model.name))
         if replica is None or replica.backend is not backend:
             replica = self._replicas[(node, model.name)] = Replica(
                 self._id(node), node, "mesh", backend, model.name, model.capabilities, _UNLIMITED_TEXT,
-                self._settings.backend_timeout + 5.0, 0, legacy=legacy)
+                timeout, 0, legacy=legacy)
         else:  # the same object: in-flight counts stay true
-            replica.capabilities, replica.legacy = model.capabilities, legacy
+            replica.capabilities, replica.legacy, replica.timeout = model.capabilities, legacy, timeout
         return replica
 
     def _id(self, node: str) -> int:
@@ -499,31 +526,9 @@ class MeshWarning(Conflict):
     error_type = "mesh_warning"
 
 
-def _loopback(url: str) -> bool:
-    host = (urlsplit(url).hostname or "").lower()
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
-def configured_peers(value: str) -> list[str]:
-    return [normalized_url(part) for part in value.split(",") if part.strip()]
-
-
-def normalized_url(url: str) -> str:
-    url = url.strip().rstrip("/")
-    if not url.startswith(("http://", "https://")) or len(url) > 500 or " " in url:
-        raise InvalidRequest(f"a mesh peer is a base URL such as http://node-b:8080, not {url[:100]!r}")
-    return url
-
-
-def _blocked_errors(name: str, peer: Peer) -> dict[str, ArbiterError]:
-    if peer.state == "key_rejected":
-        error: ArbiterError = UpstreamAuthFailed(f"model '{name}' is on mesh node '{peer.name}', which rejected "
-                                                 "this node's mesh key; every node needs the same ARBITER_MESH_KEY")
-        return {"decision": error, "chat": error}
-    why = (f"mesh node '{peer.name}' (version {peer.version}) does not know decision models and refused "
-           "this node's model list")
-    return {"decision": Unsupported(f"model '{name}' is only on {why}; it cannot answer decisions"),
-            "chat": NotFound(f"model '{name}' is only on {why}")}
+def _refusal(announcement: Announcement, reason: str | None) -> str:
+    return (f"peer {announcement.node} (version {announcement.version}) refused this node's model list: "
+            f"{reason or 'no reason given'}")
 
 
 def _error_message(body: bytes) -> str:

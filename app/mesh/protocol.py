@@ -4,12 +4,16 @@
     {"protocol": 1, "node": "b:8080", "url": "http://b:8080", "version": "0.1.0",
      "decision_models": true, "refused": null,
      "models": [{"name": "nimble", "type": "ollama", "capabilities": ["decision"],
-                 "path": ["c:8080", "b:8080"]}]}
+                 "path": ["c:8080", "b:8080"], "timeout": 120}]}
 
 The answer has the same shape plus ``accepted`` (false when the answering node refuses the
 caller's model list, with the reason in ``reason``). ``path`` lists the nodes a model's route
 passes through, from the node that has it to the announcing node; a node drops routes whose
-path holds its own name (no loops) or that are longer than the hop limit.
+path holds its own name (no loops) or that are longer than the hop limit. ``timeout`` is the
+seconds the node that has the model gives it to answer (passed on unchanged along the path;
+absent from earlier versions). ``legacy: true`` marks a route that passes through a node whose
+version does not know decision models (absent: it does not), so a node two hops away knows that
+such a route cannot answer decisions.
 
 Reading is lenient one entry at a time: a newer peer may send model types, capabilities or
 fields this node does not know; each is skipped with a log line (once per peer), never a crash.
@@ -20,6 +24,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from app.mesh.auth import valid_node_name
 
@@ -29,8 +34,9 @@ KNOWN_TYPES = frozenset({"ollama", "ollama-external", "ollama-cloud", "vllm", "o
 KNOWN_CAPABILITIES = frozenset({"decision", "completion", "embedding", "vision", "audio", "video"})
 _ANNOUNCEMENT_FIELDS = frozenset({"protocol", "node", "url", "version", "decision_models", "models",
                                   "refused", "accepted", "reason"})
-_MODEL_FIELDS = frozenset({"name", "type", "capabilities", "path"})
+_MODEL_FIELDS = frozenset({"name", "type", "capabilities", "path", "timeout", "legacy"})
 MAX_MODELS = 10_000
+MAX_TIMEOUT = 86_400.0
 
 log = logging.getLogger("arbiter.mesh")
 
@@ -45,6 +51,8 @@ class RemoteModel:
     type: str
     capabilities: frozenset[str]
     path: tuple[str, ...]  # origin first, the announcing node last
+    timeout: float | None = None  # seconds the origin gives the model; None from earlier versions
+    legacy: bool = False  # the route passes through a node that does not know decision models
 
     def view(self) -> dict[str, Any]:
         return {"name": self.name, "type": self.type, "capabilities": sorted(self.capabilities),
@@ -63,9 +71,23 @@ class Announcement:
     refused: str | None = None  # the sender refused our last answer's model list, and why
 
 
+def has_userinfo(url: str) -> bool:
+    """Whether ``url`` carries a user or password (``http://user:pass@host``)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # unreadable (a bad IPv6 literal): judged by its text
+        return "@" in url.split("://", 1)[-1].split("/", 1)[0]
+    return bool(parts.username or parts.password)
+
+
 def model_entry(name: str, type_: str, capabilities: frozenset[str] | set[str],
-                path: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    return {"name": name, "type": type_, "capabilities": sorted(capabilities), "path": list(path)}
+                path: tuple[str, ...] | list[str], timeout: float | None, legacy: bool = False) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": name, "type": type_, "capabilities": sorted(capabilities), "path": list(path)}
+    if timeout is not None:
+        entry["timeout"] = timeout
+    if legacy:
+        entry["legacy"] = True
+    return entry
 
 
 class Reader:
@@ -89,7 +111,8 @@ class Reader:
         reason = data.get("reason")
         announcement = Announcement(
             node=node,
-            url=url if isinstance(url, str) and url.startswith(("http://", "https://")) else None,
+            url=url if isinstance(url, str) and url.startswith(("http://", "https://")) and not has_userinfo(url)
+            else None,
             version=version[:100] if isinstance(version, str) else "unknown",
             decision_models=data.get("decision_models") is True,
             accepted=data.get("accepted") is not False,
@@ -136,7 +159,14 @@ class Reader:
                 or not all(isinstance(p, str) and valid_node_name(p) for p in path)):
             self._note(node, f"peer {node} sent model '{name}' with a malformed path; skipped")
             return None
-        return RemoteModel(name, type_, frozenset(caps) & KNOWN_CAPABILITIES, tuple(path))
+        timeout = entry.get("timeout")
+        if timeout is not None and (not isinstance(timeout, int | float) or isinstance(timeout, bool)
+                                    or not 0 < timeout <= MAX_TIMEOUT):
+            self._note(node, f"peer {node} sent model '{name}' with a timeout that is not a number of "
+                             f"seconds up to {MAX_TIMEOUT:g}; this node's own is used")
+            timeout = None
+        return RemoteModel(name, type_, frozenset(caps) & KNOWN_CAPABILITIES, tuple(path),
+                           None if timeout is None else float(timeout), entry.get("legacy") is True)
 
     def _note(self, node: str, message: str) -> None:
         if (node, message) not in self._logged:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -214,8 +215,11 @@ def get_model(session: Session, model_id: int) -> tuple[Model, Service]:
     return model, session.get_one(Service, model.service_id)
 
 
-def update_model(session: Session, model_id: int, actor: Actor, changes: dict[str, Any]) -> tuple[Model, Service]:
-    """Rename a model's public name (replicas share one), set its timeout or its read strategy."""
+def update_model(session: Session, model_id: int, actor: Actor, changes: dict[str, Any],
+                 guard: Callable[[list[str]], None] | None = None) -> tuple[Model, Service]:
+    """Rename a model's public name (replicas share one), set its timeout or its read strategy.
+    ``guard`` sees the capabilities of a model that label reading makes a decision model, and may
+    refuse (the mesh's warning)."""
     model, service = get_model(session, model_id)
     if "public_name" in changes:
         name = changes["public_name"]
@@ -236,6 +240,8 @@ def update_model(session: Session, model_id: int, actor: Actor, changes: dict[st
         if strategy == "labels" and service.type not in LABELS_ONLY_TYPES and "completion" not in model.capabilities:
             raise InvalidRequest(f"label reading needs a generation model (the completion capability); "
                                  f"'{model.public_name}' has {', '.join(model.capabilities) or 'none'}")
+        if strategy == "labels" and guard is not None and "decision" not in model_view(model, service)["capabilities"]:
+            guard(sorted({*model.capabilities, "decision"}))
         model.read_strategy = strategy
     audit.record(session, actor=actor.name, action="model.update",
                  target=f"model:{service.name}/{model.backend_name}", request_id=actor.request_id,

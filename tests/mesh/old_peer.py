@@ -9,18 +9,35 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import orjson
 from aiohttp import web
 
 from app.errors import AuthenticationFailed
-from app.mesh.auth import PROOF_HEADER, MeshAuth
+from app.mesh.auth import ANY_NODE, PROOF_HEADER, MeshAuth
 from app.mesh.protocol import EXCHANGE_PATH
 
 VERSION = "0.9.0"
 
 
+class MemoryNonces:
+    """The nonces a stand-in has accepted, in its one process (the real store is shared: app/mesh/nonces.py)."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    async def first_use(self, nonce: str) -> bool:
+        if nonce in self._seen:
+            return False
+        self._seen.add(nonce)
+        return True
+
+    async def purge(self) -> None:
+        return None
+
+
 def make_old_peer_app(key: str, name: str = "old-node", models: list[dict[str, Any]] | None = None) -> web.Application:
-    auth = MeshAuth(key, name)
+    auth = MeshAuth(key, name, MemoryNonces())
     announced = models if models is not None else [
         {"name": "legacy-chat", "type": "ollama", "capabilities": ["completion"], "path": [name]}]
 
@@ -28,7 +45,7 @@ def make_old_peer_app(key: str, name: str = "old-node", models: list[dict[str, A
         body = await request.read()
         try:
             claim = auth.claim(request.headers.get("Authorization", ""), "POST", EXCHANGE_PATH, any_target=True)
-            auth.verify(claim, body)
+            await auth.verify(claim, body)
         except AuthenticationFailed as error:
             return web.json_response({"error": error.message}, status=401)
         theirs = orjson.loads(body)
@@ -45,3 +62,20 @@ def make_old_peer_app(key: str, name: str = "old-node", models: list[dict[str, A
     app = web.Application()
     app.router.add_post(EXCHANGE_PATH, exchange)
     return app
+
+
+def connect_as_old_node(url: str, key: str, refused: str | None, name: str = "old-node") -> httpx.Response:
+    """An older node connecting to the node at ``url``, as it would: a first exchange signed for
+    any node, then one signed for the name the answer gave. ``refused``: why it refused the model
+    list that node answered with before (None: it did not)."""
+    auth = MeshAuth(key, name)
+    target = ANY_NODE
+    for _ in range(2):
+        body = orjson.dumps({"protocol": 1, "node": name, "url": None, "version": VERSION, "decision_models": False,
+                             "refused": refused, "models": [{"name": "legacy-chat", "type": "ollama",
+                                                             "capabilities": ["completion"], "path": [name]}]})
+        authorization, _ = auth.sign("POST", EXCHANGE_PATH, body, target=target)
+        response = httpx.post(url + EXCHANGE_PATH, content=body, headers={"Authorization": authorization})
+        response.raise_for_status()
+        target = response.json()["node"]
+    return response

@@ -75,6 +75,21 @@ def test_three_nodes_in_a_line(mesh_node: Callable[..., Node]) -> None:
     assert [m["id"] for m in listed] == ["tev1"] and listed[0]["owned_by"] == "mesh"
 
 
+def test_a_route_waits_as_long_as_the_model_where_it_runs(mesh_node: Callable[..., Node]) -> None:
+    # tev1 may take 30 s on node-c; node-a's own backends get a tenth of a second. A request
+    # through A and B waits for tev1's 30 s (and a margin per hop), not for A's own timeout.
+    c = mesh_node("node-c", models={"tev1": ["decision"]}, backend_timeout=30.0)
+    b = mesh_node("node-b", peers=[c.url])
+    a = mesh_node("node-a", peers=[b.url], backend_timeout=0.1)
+    wait_for(lambda: _answers(a, "tev1"))
+    # Past A's own timeout plus one margin (5.1 s, which aiohttp rounds up to the next second).
+    c.ollama.faults.latency = 7.5
+    slow = a.client().post("/v1/systemone", json=decision("tev1"))
+    assert slow.status_code == 200, slow.text
+    c.ollama.faults.reset()
+    assert _answers(a, "tev1")  # and the route was not backed off
+
+
 def test_links_work_both_ways(mesh_node: Callable[..., Node]) -> None:
     b = mesh_node("node-b")
     a = mesh_node("node-a", models={"nimble": ["decision"]}, peers=[b.url])
@@ -132,6 +147,22 @@ def test_a_peer_that_stops_taking_this_nodes_key_gives_500(mesh_node: Callable[.
     assert "node-b" in response.json()["error"]
 
 
+def test_a_backends_own_401_or_403_behind_a_peer_comes_back_unchanged(mesh_node: Callable[..., Node]) -> None:
+    # Only a refusal of the mesh credential itself is this node's upstream_auth_error (SPEC §1).
+    b = mesh_node("node-b", models={"tev1": ["decision"], "llama3.2": ["completion"]})
+    a = mesh_node("node-a", peers=[b.url])
+    wait_for(lambda: _answers(a, "tev1"))
+    chat = {"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}]}
+    for status, text in ((403, b'{"error":"model is gated for this account"}'), (401, b'{"error":"sign in first"}')):
+        b.ollama.faults.status, b.ollama.faults.body = status, text
+        for response in (a.client().post("/v1/systemone", json=decision("tev1")),
+                         a.client().post("/v1/chat/completions", json=chat)):
+            assert (response.status_code, response.content) == (status, text)
+    b.ollama.faults.reset()
+    assert _answers(a, "tev1")
+    assert a.peer("node-b")["state"] == "connected"  # type: ignore[index]
+
+
 def test_checks_run_on_the_entry_node(mesh_node: Callable[..., Node]) -> None:
     b = mesh_node("node-b", models={"tev1": ["decision"], "nimble": ["decision"]})
     a = mesh_node("node-a", peers=[b.url])
@@ -140,7 +171,8 @@ def test_checks_run_on_the_entry_node(mesh_node: Callable[..., Node]) -> None:
     before = len(b.ollama.requests)
     response = a.gateway.client(limited).post("/v1/systemone", json=decision("tev1"))
     assert_error(response, 403, "permission_error")
-    assert len(b.ollama.requests) == before  # never left the entry node
+    # It never left the entry node (B's own syncs may come and go meanwhile).
+    assert [r for r in b.ollama.requests[before:] if r.path == "/v1/systemone"] == []
     assert a.gateway.client(limited).post("/v1/systemone", json=decision("nimble")).status_code == 200
 
 
@@ -166,8 +198,9 @@ def test_forwarded_requests_need_the_mesh_credential(mesh_node: Callable[..., No
         ok = client.post("/v1/systemone", content=body, headers={"Authorization": authorization})
         assert ok.status_code == 200, ok.text
         # The same credential again (a replay), a wrong key, another body, a made-up scheme.
-        assert_error(client.post("/v1/systemone", content=body, headers={"Authorization": authorization}),
-                     401, "authentication_error")
+        replayed = client.post("/v1/systemone", content=body, headers={"Authorization": authorization})
+        assert_error(replayed, 401, "authentication_error")
+        assert replayed.headers["X-Arbiter-Mesh-Refused"] == "1"  # the sender's mesh key, not its request
         wrong, _ = MeshAuth("another key", "node-x").sign("POST", "/v1/systemone", body, target="node-b")
         assert_error(client.post("/v1/systemone", content=body, headers={"Authorization": wrong}),
                      401, "authentication_error")
@@ -186,6 +219,18 @@ def test_forwarded_requests_need_the_mesh_credential(mesh_node: Callable[..., No
         assert "loop" in client.post("/v1/systemone", content=body, headers={"Authorization": own}).text
     time.sleep(0.3)
     assert _usage(b) == []  # a forwarded request is billed by the node it entered
+
+
+def test_a_credential_with_digits_that_are_not_ascii_is_a_401(mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"tev1": ["decision"]})
+    body = orjson.dumps(decision("tev1"))
+    auth = MeshAuth(MESH_KEY, "node-x")
+    for path, target in (("/v1/systemone", "node-b"), ("/mesh/v1/exchange", "*")):
+        parts = auth.sign("POST", path, body, target=target)[0].split(";")
+        for index in (3, 5):  # the time, the hop count: "²" passes str.isdigit(), not int()
+            header = ";".join([*parts[:index], "²", *parts[index + 1:]]).encode("latin-1")
+            response = httpx.post(f"{b.url}{path}", content=body, headers={"Authorization": header})
+            assert "malformed" in assert_error(response, 401, "authentication_error")["error"]
 
 
 def test_a_standalone_node_refuses_mesh_credentials(mesh_node: Callable[..., Node]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -9,8 +10,9 @@ from typing import Any
 import pytest
 
 from app.errors import AuthenticationFailed
-from app.mesh.auth import MeshAuth
+from app.mesh.auth import Claim, MeshAuth
 from app.mesh.protocol import BadAnnouncement, Reader
+from tests.mesh.old_peer import MemoryNonces
 
 
 def _announcement(**extra: Any) -> dict[str, Any]:
@@ -43,6 +45,19 @@ def test_a_newer_peers_unknown_types_and_fields_are_skipped_one_by_one(caplog: p
     assert len(caplog.records) == count
 
 
+def test_a_models_timeout_and_legacy_flag_are_read_when_valid(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="arbiter.mesh")
+    entries = [{"name": name, "type": "ollama", "capabilities": ["decision"], **extra} for name, extra in (
+        ("given", {"timeout": 30, "legacy": True}), ("absent", {}), ("text", {"timeout": "30"}), ("zero", {"timeout": 0}),
+        ("flag", {"timeout": True}))]
+    read = Reader().read(_announcement(models=entries))
+    assert [(m.name, m.timeout, m.legacy) for m in read.models] == [
+        ("given", 30.0, True), ("absent", None, False), ("text", None, False), ("zero", None, False),
+        ("flag", None, False)]
+    assert not any("unknown model field" in r.getMessage() for r in caplog.records)
+    assert any("'text' with a timeout" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize("data", [[], "x", {"node": ""}, {"node": "bad name with spaces"}, {"models": []}])
 def test_an_announcement_without_a_node_is_refused_whole(data: Any) -> None:
     with pytest.raises(BadAnnouncement):
@@ -55,19 +70,23 @@ def test_an_answer_without_accepted_counts_as_accepted() -> None:
     assert (refused.accepted, refused.reason) == (False, "too new for me")
 
 
+def _verify(auth: MeshAuth, claim: Claim, body: bytes) -> None:
+    asyncio.run(auth.verify(claim, body))
+
+
 def test_signatures_bind_key_body_path_hops_and_salt() -> None:
-    sender, receiver = MeshAuth("k", "node-a"), MeshAuth("k", "node-b")
+    sender, receiver = MeshAuth("k", "node-a"), MeshAuth("k", "node-b", MemoryNonces())
     header, _ = sender.sign("POST", "/v1/systemone", b"{}", hops=2, salt="ab" * 16, target="node-b")
     claim = receiver.claim(header, "POST", "/v1/systemone")
     assert (claim.node, claim.hops, claim.salt) == ("node-a", 2, "ab" * 16)
-    receiver.verify(claim, b"{}")
+    _verify(receiver, claim, b"{}")
     for method, path, body in (("POST", "/v1/systemone", b"{ }"), ("POST", "/api/chat", b"{}")):
         fresh, _ = sender.sign("POST", "/v1/systemone", b"{}", hops=2, target="node-b")
         with pytest.raises(AuthenticationFailed):
-            receiver.verify(receiver.claim(fresh, method, path), body)
+            _verify(receiver, receiver.claim(fresh, method, path), body)
     tampered = header.replace(";2;", ";1;")
     with pytest.raises(AuthenticationFailed):
-        receiver.verify(receiver.claim(tampered, "POST", "/v1/systemone"), b"{}")
+        _verify(receiver, receiver.claim(tampered, "POST", "/v1/systemone"), b"{}")
 
 
 def test_old_credentials_and_malformed_ones_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -85,17 +104,18 @@ def test_old_credentials_and_malformed_ones_are_refused(monkeypatch: pytest.Monk
 
 
 def test_a_credential_is_good_only_at_its_target_and_once() -> None:
-    sender, b, c = MeshAuth("k", "node-a"), MeshAuth("k", "node-b"), MeshAuth("k", "node-c")
+    sender = MeshAuth("k", "node-a")
+    b, c = MeshAuth("k", "node-b", MemoryNonces()), MeshAuth("k", "node-c", MemoryNonces())
     header, _ = sender.sign("POST", "/v1/systemone", b"{}", target="node-b")
     with pytest.raises(AuthenticationFailed, match="another node"):
         c.claim(header, "POST", "/v1/systemone")
     anywhere, _ = sender.sign("POST", "/mesh/v1/exchange", b"{}")
-    c.verify(c.claim(anywhere, "POST", "/mesh/v1/exchange", any_target=True), b"{}")  # a first exchange
+    _verify(c, c.claim(anywhere, "POST", "/mesh/v1/exchange", any_target=True), b"{}")  # an introduction
     with pytest.raises(AuthenticationFailed, match="another node"):
         c.claim(anywhere, "POST", "/mesh/v1/exchange")
-    b.verify(b.claim(header, "POST", "/v1/systemone"), b"{}")
+    _verify(b, b.claim(header, "POST", "/v1/systemone"), b"{}")
     with pytest.raises(AuthenticationFailed, match="replayed"):
-        b.verify(b.claim(header, "POST", "/v1/systemone"), b"{}")
+        _verify(b, b.claim(header, "POST", "/v1/systemone"), b"{}")
 
 
 def test_an_answer_proves_the_peer_holds_the_key() -> None:

@@ -58,8 +58,10 @@ async def get_model(model_id: int, _actor: AdminDep, c: ComponentsDep) -> dict[s
 
 @router.patch("/models/{model_id}")
 async def update_model(model_id: int, body: ModelUpdate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
-    changes = body.model_dump(exclude_unset=True)
-    view = await c.in_change(lambda s: services.model_view(*services.update_model(s, model_id, actor, changes)))
+    changes = body.model_dump(exclude_unset=True, exclude={"confirm"})
+    guard = None if body.confirm else c.mesh.check_decision_install  # label reading makes a decision model
+    view = await c.in_change(lambda s: services.model_view(*services.update_model(s, model_id, actor, changes,
+                                                                                  guard)))
     await c.changed_models()
     return view
 

@@ -75,6 +75,9 @@ class ServiceCreate(_Strict):
     text_limit: int | None = Field(None, gt=0)
     timeout: float | None = Field(None, gt=0, le=3600)
     context_length: int | None = Field(None, ge=256, le=1 << 21)
+    # Add it even though it serves decision models and a known mesh peer is too old for them (as
+    # when installing one); without it, that answers 409 mesh_warning and nothing is added.
+    confirm: bool = False
 
 
 class ServiceUpdate(_Strict):
@@ -100,6 +103,9 @@ class ModelUpdate(_Strict):
     timeout: float | None = Field(None, gt=0, le=3600)
     # "labels": answer decisions by reading label-token logprobs; null: the model's own way.
     read_strategy: Literal["labels"] | None = None
+    # Turn label reading on even though a known mesh peer is too old for decision models (as
+    # when installing one); without it, that answers 409 mesh_warning.
+    confirm: bool = False
 
 
 class MeshPeerCreate(_Strict):

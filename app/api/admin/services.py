@@ -27,8 +27,10 @@ async def add_service(body: ServiceCreate, actor: AdminDep, c: ComponentsDep) ->
         service = services.add_service(s, c.settings, actor, type=body.type, url=body.url, name=body.name,
                                        credential=body.api_key, text_limit=body.text_limit,
                                        timeout=body.timeout, context_length=body.context_length)
-        return {**services.service_view(service),
-                "models": [services.model_view(m, service) for m in services.service_models(s, service)]}
+        models = [services.model_view(m, service) for m in services.service_models(s, service)]
+        if not body.confirm:  # its models may be decision models: the mesh may warn (and nothing is added)
+            c.mesh.check_decision_install(sorted({cap for m in models for cap in m["capabilities"]}))
+        return {**services.service_view(service), "models": models}
     view = await c.in_change(work)
     await c.changed_models()
     return with_backoffs(view, c)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from app.api.asgi import Receive, Scope, Send, header_map, send_error
 from app.decisions.body import ClientGone, check_length, content_encoding, read_body
-from app.errors import ArbiterError, AuthenticationFailed
-from app.mesh.auth import SCHEME, MeshAuth
+from app.errors import ArbiterError
+from app.mesh.auth import SCHEME, MeshAuth, MeshCredentialRefused
 from app.telemetry.record import RequestRecord
 from app.tenancy.keycache import KeyCache
 from app.tenancy.principal import Principal
@@ -49,7 +49,7 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
     try:
         if authorization is not None and authorization.startswith(SCHEME):
             if mesh is None:
-                raise AuthenticationFailed("this node is not in a mesh (ARBITER_MESH_KEY is not set)")
+                raise MeshCredentialRefused("this node is not in a mesh (ARBITER_MESH_KEY is not set)")
             claim = mesh.claim(authorization, scope["method"], scope["path"])
             principal = Principal.mesh_node(claim.node, claim.hops, claim.salt)
         else:
@@ -62,7 +62,7 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
     try:
         raw = await read_body(receive, encoding, max_body)
         if claim is not None and mesh is not None:
-            mesh.verify(claim, raw)
+            await mesh.verify(claim, raw)
     except ClientGone:
         return None
     except ArbiterError as error:

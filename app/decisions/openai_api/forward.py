@@ -61,6 +61,6 @@ async def _post(backend: Backend, path: str, body: dict[str, Any], call: CallOpt
     stream = await backend.open(path, body, call)
     try:
         return Reply(stream.status, stream.content_type, await stream.read(call.max_reply_bytes),
-                     stream.retry_after)
+                     stream.retry_after, stream.credential_refused)
     finally:
         await stream.close()
