@@ -5,6 +5,7 @@
     arbiter admin create-key [--name N]
     arbiter key create --project NAME [--name N]
     arbiter project create NAME [--models all|m1,m2] [--organization ORG]
+    arbiter organization create NAME
     arbiter service add --type ollama-external|vllm|openai|local --url URL [--name NAME] [--api-key KEY]
     arbiter emulate ollama --port N [--version X.Y.Z]
     arbiter emulate vllm --port N [--version X.Y.Z]
@@ -18,6 +19,9 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import sqlalchemy.exc
+from pydantic import ValidationError
 
 from app.errors import ArbiterError
 from app.settings import Settings
@@ -33,6 +37,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args) or 0)
     except ArbiterError as exc:
         print(f"arbiter: {exc.message}", file=sys.stderr)
+        return 1
+    except ValidationError as exc:  # a setting out of its range: say which, in the operator's terms
+        for error in exc.errors():
+            field = ".".join(str(part) for part in error["loc"]) or "settings"
+            print(f"arbiter: ARBITER_{field.upper()}: {error['msg']}", file=sys.stderr)
+        return 2
+    except sqlalchemy.exc.ArgumentError:  # its message may hold the URL, password and all
+        print("arbiter: ARBITER_DATABASE_URL is not a database URL "
+              "(sqlite:///path/arbiter.db or postgresql://user@host/db)", file=sys.stderr)
+        return 2
+    except sqlalchemy.exc.OperationalError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else "no reason given"
+        print(f"arbiter: cannot use the database: {reason}", file=sys.stderr)
         return 1
 
 
@@ -64,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
     create_project.add_argument("--models", default="all", help="'all' or a comma-separated list")
     create_project.add_argument("--organization", default=None)
     create_project.set_defaults(run=_project_create)
+
+    organization = sub.add_parser("organization", help="organizations").add_subparsers(metavar="ACTION")
+    create_organization = organization.add_parser("create", help="create an organization")
+    create_organization.add_argument("name")
+    create_organization.set_defaults(run=_organization_create)
 
     service = sub.add_parser("service", help="services (backends)").add_subparsers(metavar="ACTION")
     add = service.add_parser("add", help="register a backend and its models")
@@ -160,6 +182,14 @@ def _project_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _organization_create(args: argparse.Namespace) -> int:
+    from app.tenancy import service as tenancy
+
+    _with_session(lambda s, _c, _: tenancy.create_organization(s, args.name, tenancy.CLI))
+    print(f"organization '{args.name}' created")
+    return 0
+
+
 def _service_add(args: argparse.Namespace) -> int:
     from app.services import service as services
     from app.tenancy.service import CLI
@@ -169,8 +199,8 @@ def _service_add(args: argparse.Namespace) -> int:
                                        name=args.name, credential=args.api_key,
                                        context_length=args.context_length)
         lines = [f"service '{service.name}' added ({service.type}, version {service.version})"]
-        lines += [f"  model {m.public_name} ({', '.join(m.capabilities)})"
-                  for m in services.service_models(session, service)]
+        views = [services.model_view(m, service) for m in services.service_models(session, service)]
+        lines += [f"  model {v['public_name']} ({', '.join(v['capabilities'])})" for v in views]
         lines += [f"  skipped {s['model']}: {s['reason']}" for s in service.skipped_models]
         return lines
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import threading
 from collections.abc import Generator
@@ -211,4 +212,5 @@ def serve(settings: Settings) -> None:
     config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, loop="uvloop",
                             http=HttpProtocol.configured(settings), lifespan="on", access_log=False, log_level="warning",
                             log_config=None, timeout_graceful_shutdown=30, proxy_headers=False)
+    logging.getLogger("arbiter.server").info("serving on http://%s:%d", settings.host, settings.port)
     Server(config).run()

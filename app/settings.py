@@ -5,10 +5,14 @@ Every field is documented in docs/configuration.md; a test fails when one is not
 
 from __future__ import annotations
 
+import re
+
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+PLACEHOLDER = re.compile(r"change[-_ ]?me", re.IGNORECASE)
 
 
 class Settings(BaseSettings):
@@ -23,7 +27,7 @@ class Settings(BaseSettings):
 
     # Serving.
     host: str = Field("127.0.0.1", description="Address `arbiter serve` binds to.")
-    port: int = Field(8080, description="Port `arbiter serve` binds to.")
+    port: int = Field(8080, ge=1, le=65535, description="Port `arbiter serve` binds to.")
     forwarded_allow_ips: str = Field(
         "127.0.0.1",
         # uvicorn's own variable is read too, as it would be without this setting.
@@ -34,7 +38,7 @@ class Settings(BaseSettings):
 
     # Load.
     max_concurrency: int = Field(
-        0, description="Most model requests served at once; past it 503 with Retry-After (0: no cap)."
+        0, ge=0, description="Most model requests served at once; past it 503 with Retry-After (0: no cap)."
     )
 
     # Limits (SPEC §1).
@@ -63,7 +67,7 @@ class Settings(BaseSettings):
     rate_limit_fail_open: bool = Field(
         False, description="Let requests through when Redis is unreachable (default: refuse with 503)."
     )
-    key_cache_ttl: float = Field(30.0, description="Seconds a resolved key stays cached.")
+    key_cache_ttl: float = Field(30.0, ge=0, description="Seconds a resolved key stays cached.")
 
     client_timeout: float = Field(
         60.0, gt=0, description="Seconds a client may take to send one request, from its first byte to its "
@@ -71,22 +75,22 @@ class Settings(BaseSettings):
     )
 
     # Backends.
-    backend_connect_timeout: float = Field(5.0, description="Seconds to connect to a backend.")
+    backend_connect_timeout: float = Field(5.0, gt=0, description="Seconds to connect to a backend.")
     backend_timeout: float = Field(
-        120.0, description="Seconds a backend may take to answer (a model's own timeout wins)."
+        120.0, gt=0, description="Seconds a backend may take to answer (a model's own timeout wins)."
     )
     backend_admin_timeout: float = Field(
-        10.0, description="Seconds for each admin call to a backend (version, model lists), in all."
+        10.0, gt=0, description="Seconds for each admin call to a backend (version, model lists), in all."
     )
-    backend_pool_size: int = Field(256, description="Connections per backend pool.")
+    backend_pool_size: int = Field(256, ge=1, description="Connections per backend pool.")
     replica_backoff: float = Field(
-        10.0, description="Seconds a replica is left out after a connection error, timeout or 5xx."
+        10.0, ge=0, description="Seconds a replica is left out after a connection error, timeout or 5xx."
     )
     sync_interval: float = Field(
-        60.0, description="Seconds between scheduled syncs of every service (version and models)."
+        60.0, gt=0, description="Seconds between scheduled syncs of every service (version and models)."
     )
     registry_refresh_interval: float = Field(
-        5.0, description="Seconds between reloads of services and models from the database."
+        5.0, gt=0, description="Seconds between reloads of services and models from the database."
     )
     install_lease: float = Field(
         30.0, gt=0, description="Seconds a running install may go unrefreshed before it counts as dead."
@@ -99,9 +103,9 @@ class Settings(BaseSettings):
     mesh_peers: str = Field("", description="Comma-separated base URLs of peers this node connects to.")
     mesh_node_name: str | None = Field(None, description="This node's name in the mesh (default: host:port).")
     mesh_url: str | None = Field(None, description="The base URL peers reach this node at (default: from host and port).")
-    mesh_interval: float = Field(1.0, description="Seconds between model-list exchanges with each peer.")
-    mesh_max_backoff: float = Field(8.0, description="Longest wait between reconnects to a peer that is down.")
-    mesh_max_hops: int = Field(4, description="Most mesh hops a request may take.")
+    mesh_interval: float = Field(1.0, gt=0, description="Seconds between model-list exchanges with each peer.")
+    mesh_max_backoff: float = Field(8.0, gt=0, description="Longest wait between reconnects to a peer that is down.")
+    mesh_max_hops: int = Field(4, ge=1, le=32, description="Most mesh hops a request may take.")
 
     # The admin web UI (/ui).
     ui_session_minutes: int = Field(
@@ -109,23 +113,49 @@ class Settings(BaseSettings):
     )
 
     # Background writes.
-    flush_interval: float = Field(1.0, description="Seconds between batched writes.")
+    flush_interval: float = Field(1.0, gt=0, description="Seconds between batched writes.")
 
     # Observability.
     log_level: str = Field("INFO", description="Log level of the JSON logs.")
     log_payloads: bool = Field(False, description="Put request states in the logs (personal data!).")
     metrics_token: SecretStr | None = Field(None, description="Bearer token that opens /metrics.")
-    metrics_port: int | None = Field(None, description="Serve /metrics on this port instead, unauthenticated.")
+    metrics_port: int | None = Field(None, ge=1, le=65535, description="Serve /metrics on this port instead, unauthenticated.")
     metrics_host: str = Field("127.0.0.1", description="Address of the separate metrics port.")
     metrics_project_label: bool = Field(True, description="Label token metrics with the project's name.")
     trace_state: bool = Field(True, description="Put the request's state on spans as body.state.")
-    trace_state_max_bytes: int = Field(4096, description="Longest body.state span attribute.")
+    trace_state_max_bytes: int = Field(4096, ge=0, description="Longest body.state span attribute.")
 
     @field_validator("max_body_bytes", "max_response_bytes", "default_text_limit")
     @classmethod
     def _positive(cls, value: int) -> int:
         if value <= 0:
             raise ValueError("must be a positive number of bytes")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        level = value.strip().upper()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return level
+
+    @field_validator("secret_key", "key_pepper", "metrics_token", "mesh_key", "bootstrap_admin_key")
+    @classmethod
+    def _not_a_placeholder(cls, value: SecretStr | None) -> SecretStr | None:
+        # The deploy files ship CHANGE-ME: a secret everyone knows signs web UI sessions
+        # (anyone could forge an admin's) and decrypts service credentials.
+        if value is not None and PLACEHOLDER.search(value.get_secret_value()):
+            raise ValueError("is still the deploy files' placeholder; set a random value, e.g. "
+                             "python -c 'import secrets; print(secrets.token_urlsafe(32))'")
+        return value
+
+    @field_validator("secret_key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters (it signs web UI sessions and encrypts "
+                             "service credentials)")
         return value
 
     def sqlalchemy_url(self) -> str:

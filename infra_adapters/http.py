@@ -4,9 +4,10 @@ httpx for admin calls (each within a total deadline); transport errors translate
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import Any, TypeVar
 
 import aiohttp
 import httpx
@@ -24,6 +25,8 @@ from infra_adapters.base import (
     Stream,
 )
 from infra_adapters.h1 import H1Pool
+
+T = TypeVar("T")
 
 __all__ = ["AiohttpStream", "HttpBackendBase", "translate_errors"]
 
@@ -76,9 +79,10 @@ class HttpBackendBase:
                        missing_ok: bool = False) -> Any:
         """One admin call, answered in full within ``admin_timeout`` or BackendTimeout. httpx's own
         timeouts are per read: a backend trickling its answer would hold the call (and the admin's
-        request) for as long as it likes. Called from worker threads, never from an event loop."""
+        request) for as long as it likes. Called from worker threads (a thread that runs an event loop
+        of its own, as a test driving a browser does, has the call made on another)."""
         try:
-            response = asyncio.run(self._admin_exchange(method, self.url + path, payload))
+            response = _run(self._admin_exchange(method, self.url + path, payload))
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise BackendTimeout(f"{self.url}{path} did not answer within {self._admin_timeout:g}s") from exc
         except httpx.HTTPError as exc:
@@ -170,6 +174,16 @@ class HttpBackendBase:
         if self._pool is not None:
             self._pool.close()
         self._pool = None
+
+
+def _run(call: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(call)``, on a thread of its own when this one already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(call)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, call).result()
 
 
 @contextlib.contextmanager

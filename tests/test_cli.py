@@ -174,6 +174,9 @@ def test_errors_are_one_line(migrated: dict[str, str], emulator: EmulatorServer)
     assert_one_line_error(arbiter(migrated, "project", "create", "acme", ok=False), "already exists")
     assert_one_line_error(arbiter(migrated, "project", "create", "x", "--organization", "nope", ok=False),
                           "'nope'")
+    assert last_line(arbiter(migrated, "organization", "create", "nope")) == "organization 'nope' created"
+    arbiter(migrated, "project", "create", "x", "--organization", "nope")  # now it exists
+    assert_one_line_error(arbiter(migrated, "organization", "create", "nope", ok=False), "already exists")
     port = free_port()
     down = arbiter(migrated, "service", "add", "--type", "ollama-external", "--url", f"http://127.0.0.1:{port}",
                    ok=False)
@@ -193,3 +196,19 @@ def test_an_old_ollama_is_added_without_its_decision_models(migrated: dict[str, 
     assert "model nimble" not in added.stdout
     assert ("skipped nimble: Decision models need Ollama 0.35.0 or newer; this Ollama is 0.34.9."
             in added.stdout)
+
+
+@pytest.mark.parametrize(("variable", "value", "words"), [
+    ("ARBITER_PORT", "abc", ("ARBITER_PORT",)),
+    ("ARBITER_PORT", "99999", ("ARBITER_PORT", "65535")),
+    ("ARBITER_SYNC_INTERVAL", "0", ("ARBITER_SYNC_INTERVAL", "greater than 0")),
+    ("ARBITER_LOG_LEVEL", "verbose", ("ARBITER_LOG_LEVEL", "INFO")),
+    ("ARBITER_SECRET_KEY", "CHANGE-ME", ("ARBITER_SECRET_KEY", "placeholder")),
+    ("ARBITER_DATABASE_URL", "foo://sekrit@", ("ARBITER_DATABASE_URL",)),
+    ("ARBITER_DATABASE_URL", "postgresql://u:sekrit@127.0.0.1:1/db", ("cannot use the database",)),
+])
+def test_a_bad_setting_is_one_line_naming_it(env: dict[str, str], variable: str, value: str,
+                                              words: tuple[str, ...]) -> None:
+    for command in (("serve",), ("migrate",)):
+        line = assert_one_line_error(arbiter({**env, variable: value}, *command, ok=False), *words)
+        assert "sekrit" not in line and "CHANGE-ME" not in line

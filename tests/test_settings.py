@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from app.settings import Settings
 
@@ -22,3 +23,20 @@ def test_other_settings_still_need_the_prefix(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delenv("ARBITER_PORT", raising=False)
     monkeypatch.setenv("PORT", "9999")
     assert Settings().port == 8080
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("port", 0), ("port", 65536), ("metrics_port", 70000), ("sync_interval", 0), ("flush_interval", -1),
+    ("registry_refresh_interval", 0), ("mesh_interval", 0), ("backend_timeout", 0), ("backend_pool_size", 0),
+    ("key_cache_ttl", -1), ("max_concurrency", -1), ("mesh_max_hops", 0), ("log_level", "loud"),
+    ("secret_key", "CHANGE-ME"), ("secret_key", "short"), ("metrics_token", "change_me"),
+    ("mesh_key", "please-changeme"), ("key_pepper", "Change-Me"),
+])
+def test_values_out_of_range_are_refused(field: str, value: object) -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(**{field: value})
+    assert refused.value.errors()[0]["loc"] == (field,)
+
+
+def test_a_log_level_in_any_case_is_taken() -> None:
+    assert Settings(log_level="warning").log_level == "WARNING"

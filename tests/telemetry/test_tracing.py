@@ -157,7 +157,9 @@ def test_a_chat_call_has_its_client_span_and_the_backend_gets_its_trace_context(
     with gateway.client(stack.project_key) as client:
         assert client.post("/v1/chat/completions", json=chat).status_code == 200  # no trace of the caller's
         assert client.post("/api/chat", json=chat, headers={"traceparent": parent}).status_code == 200
-    spans = spans_named(exporter, "chat ")
+    deadline = time.monotonic() + 2  # a chat span ends once its answer is closed, just after it is sent
+    while len(spans := spans_named(exporter, "chat ")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert [s.name for s in spans] == ["chat llama3.2", "chat llama3.2"]
     assert all(s.kind == SpanKind.CLIENT and s.end_time is not None for s in spans)
     assert spans[0].attributes["gen_ai.operation.name"] == "chat"  # type: ignore[index]
