@@ -30,7 +30,9 @@ from infra_adapters.base import (
 )
 
 log = logging.getLogger("arbiter.labels")
-ALL_LABELS = (*labels.CHOICE_LABELS, *labels.NOUL_LABELS, *labels.SCORE_LABELS)
+# Every spelling of every label, tokenized once per model.
+ALL_SPELLINGS = tuple(spelling for label in (*labels.CHOICE_LABELS, *labels.NOUL_LABELS, *labels.SCORE_LABELS)
+                      for spelling in labels.spellings(label))
 
 
 class ModelReader(Protocol):
@@ -38,7 +40,7 @@ class ModelReader(Protocol):
     the model's tokenizer when the backend exposes it."""
 
     async def read_with(self, options: CallOptions, messages: list[dict[str, Any]], labels: Sequence[str],
-                        token_ids: Sequence[int] | None = None) -> labels.LabelRead: ...
+                        token_ids: Sequence[Sequence[int]] | None = None) -> labels.LabelRead: ...
 
     async def tokenize(self, text: str) -> list[int] | None:
         """The token ids of ``text`` without special tokens, or None when there is no tokenizer."""
@@ -54,7 +56,7 @@ class _Bound:
         self._reader, self._options = reader, options
 
     async def read(self, messages: list[dict[str, Any]], labels: Sequence[str],
-                   token_ids: Sequence[int] | None = None) -> labels.LabelRead:
+                   token_ids: Sequence[Sequence[int]] | None = None) -> labels.LabelRead:
         return await self._reader.read_with(self._options, messages, labels, token_ids)
 
 
@@ -98,12 +100,13 @@ class LabelBackend:
         return False  # label reading needs nothing of the backend's own decision endpoint
 
     async def token_ids(self) -> dict[str, list[int]] | None:
-        """Every label's token ids from the model's tokenizer, read once (None: no tokenizer)."""
+        """The token ids of every spelling of every label from the model's tokenizer, read once
+        (None: no tokenizer)."""
         async with self._tokenizer_lock:  # concurrent first requests share one lookup
             if not self._tokenizer_known:
-                found = await asyncio.gather(*(self._reader.tokenize(label) for label in ALL_LABELS))
+                found = await asyncio.gather(*(self._reader.tokenize(text) for text in ALL_SPELLINGS))
                 self._token_ids = (None if any(ids is None for ids in found)
-                                   else {label: ids for label, ids in zip(ALL_LABELS, found) if ids is not None})
+                                   else {text: ids for text, ids in zip(ALL_SPELLINGS, found) if ids is not None})
                 self._tokenizer_known = True
         return self._token_ids
 

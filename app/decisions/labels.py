@@ -63,8 +63,9 @@ class LabelReader(Protocol):
     """Reads the first-token logprobs of ``labels`` after ``messages`` (the reply prefilled)."""
 
     async def read(self, messages: list[dict[str, Any]], labels: Sequence[str],
-                   token_ids: Sequence[int] | None = None) -> LabelRead:
-        """``token_ids``: one token id per label, in order, when the model's tokenizer is known."""
+                   token_ids: Sequence[Sequence[int]] | None = None) -> LabelRead:
+        """``token_ids``: per label, in order, the ids of its one-token spellings (``spellings``;
+        the label as written first), when the model's tokenizer is known."""
         ...
 
 
@@ -128,20 +129,34 @@ def messages_for(state: Any, question: Mapping[str, Any], labels: Sequence[str])
             {"role": "assistant", "content": PREFILL}]
 
 
-def single_token_ids(qid: str, labels: Sequence[str],
-                     token_ids: Mapping[str, Sequence[int]] | None) -> list[int] | None:
-    """The labels' token ids from the model's tokenizer; a label that is not one token is a 400."""
+def spellings(label: str) -> tuple[str, str]:
+    """The ways a label can come as the reply's first token: as written, and after ``Answer:`` with
+    the leading space a BPE or SentencePiece tokenizer folds into the token (`` A``, ``ĠA``, ``▁A``)."""
+    return label, " " + label
+
+
+def label_token_ids(qid: str, labels: Sequence[str],
+                    token_ids: Mapping[str, Sequence[int]] | None) -> list[list[int]] | None:
+    """Per label, the ids of its one-token spellings, from the model's tokenizer (``token_ids``:
+    spelling -> its tokens); a label that is not one token as written is a 400."""
     if token_ids is None:
         return None
-    ids: list[int] = []
+    found: list[list[int]] = []
     for label in labels:
         tokens = list(token_ids.get(label, ()))
         if len(tokens) != 1:
             raise InvalidRequest(
                 f"questions.{qid}: the label {label!r} is not a single token for this model "
                 f"(token ids {tokens}), so it cannot be read as the reply's first token")
-        ids.append(int(tokens[0]))
-    return ids
+        ids = [int(tokens[0])]
+        for spelling in spellings(label)[1:]:
+            tokens = list(token_ids.get(spelling, ()))
+            # Two tokens (a space, then the label) is no spelling of the label's; one token may be
+            # the label's own id (a SentencePiece tokenizer adds the space to both).
+            if len(tokens) == 1 and int(tokens[0]) not in ids:
+                ids.append(int(tokens[0]))
+        found.append(ids)
+    return found
 
 
 # -- answers -------------------------------------------------------------------
@@ -187,13 +202,15 @@ def answer_from_read(qid: str, question: Mapping[str, Any], labels: Sequence[str
 async def decide(body: Mapping[str, Any], reader: LabelReader,
                  token_ids: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
     """``answers``, ``usage`` and ``diagnostics`` for a System One request already validated
-    (``app.decisions.schema.validate``). Every question is checked before any read is sent."""
+    (``app.decisions.schema.validate``). ``token_ids``: every spelling of every label (``spellings``)
+    -> its tokens, when the model's tokenizer is known. Every question is checked before any read
+    is sent."""
     state = body["state"]
     questions: Mapping[str, Mapping[str, Any]] = body["questions"]
     plans = []
     for qid, question in questions.items():
         labels = labels_for(qid, question)
-        plans.append((qid, question, labels, single_token_ids(qid, labels, token_ids)))
+        plans.append((qid, question, labels, label_token_ids(qid, labels, token_ids)))
     tasks = [asyncio.ensure_future(reader.read(messages_for(state, question, labels), labels, ids))
              for _, question, labels, ids in plans]
     try:

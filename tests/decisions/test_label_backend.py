@@ -8,8 +8,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from app.db.session import Database
 from app.tenancy.salts import TenantSalts
+from infra_adapters.emulators.answers import distribution
 from infra_adapters.emulators.logprobs_chat import token_id
 from infra_adapters.emulators.ollama_state import OllamaState
 from infra_adapters.emulators.server import EmulatorServer
@@ -72,12 +75,33 @@ def test_a_vllm_generation_model_answers_by_label_reading(vllm_stack: Stack) -> 
         assert read["messages"][-1] == {"role": "assistant", "content": "Answer:"}
         assert read["cache_salt"] == salt
     choice = next(r for r in reads if "Options:\nA: billing" in r["messages"][0]["content"])
-    assert choice["logprob_token_ids"] == [token_id("A"), token_id("B")] == choice["allowed_token_ids"]
+    both = [token_id("A"), token_id(" A"), token_id("B"), token_id(" B")]  # each label, then its " X" spelling
+    assert choice["logprob_token_ids"] == both == choice["allowed_token_ids"]
 
     # The tokenizer is read once per model: a second request asks for no token ids.
     again = len(state.requests)
     assert vllm_stack.client().post("/v1/systemone", json=decision(QWEN)).status_code == 200
     assert [r.path for r in state.requests[again:]].count("/tokenize") == 0
+
+
+def test_leading_space_labels_count_in_full_whatever_their_rank(vllm_stack: Stack) -> None:
+    # After "Answer:" a BPE model puts most of a label's weight on " X"; with 24 options most of
+    # those fall out of the top 20 logprobs, yet each must count towards its label.
+    state: VllmState = vllm_stack.extra["state"]
+    _labels_on(vllm_stack, QWEN)
+    state.label_space_share, state.label_mass = 0.9, 0.95
+    body = decision(QWEN, questions={"team": {"type": "choice", "instructions": "Which team?",
+                                              "criteria": {f"team{i}": None for i in range(24)}}})
+    response = vllm_stack.client().post("/v1/systemone", json=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    (read,) = [r.json for r in state.requests if r.path == "/v1/chat/completions"]
+    prompt = read["messages"][0]["content"]
+    names = [chr(ord("A") + i) for i in range(24)]
+    truth = distribution(prompt, "choice", None, names).probs
+    assert list(answer["answers"]["team"]["probabilities"].values()) == pytest.approx(truth)
+    assert answer["diagnostics"]["team"]["label_mass"] == pytest.approx(0.95)
+    assert answer["answers"]["team"]["confidence"] == pytest.approx(max(truth) * 0.95)
 
 
 def _project_id(stack: Stack) -> int:
