@@ -108,28 +108,32 @@ class OpenAILogprobsReader(HttpBackendBase):
             return None
         if reply.status != 200:
             raise ReplyNotOk(reply)
+        unreadable = f"the backend's {TOKENIZE_PATH} answered without token ids"
         try:
-            tokens = orjson.loads(reply.body)["tokens"] if reply.status == 200 else None
+            tokens = orjson.loads(reply.body)["tokens"]
         except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            raise BackendProtocolError(f"{self.url}{TOKENIZE_PATH} answered without token ids") from exc
+            raise BackendProtocolError(unreadable) from exc
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise BackendProtocolError(f"{self.url}{TOKENIZE_PATH} answered HTTP {reply.status} without token ids")
+            raise BackendProtocolError(unreadable)
         return tokens
 
     async def read_with(self, options: CallOptions, messages: list[dict[str, Any]], labels: Sequence[str],
                         token_ids: Sequence[Sequence[int]] | None = None) -> FirstTokenRead:
-        """One read with one call's options (timeout, trace headers, the project's cache salt)."""
+        """One read with one call's options (timeout, trace headers, the project's cache salt).
+        A 200 without the first token's logprobs is BackendProtocolError: the answer is unusable,
+        though the backend is up."""
         reply = await self._post(CHAT_PATH, self.request_body(messages, token_ids, options), options)
         if reply.status != 200:  # a prompt over the context, a refused key, its own 5xx: passed on
             raise ReplyNotOk(reply)
-        where = f"{self.url}{CHAT_PATH}"
         try:
             answer = orjson.loads(reply.body)
             first = answer["choices"][0]["logprobs"]["content"][0]
             prompt_tokens = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
             return parse_first_token(first, labels, token_ids, prompt_tokens)
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-            raise BackendProtocolError(f"{where} answered without the first token's logprobs") from exc
+            raise BackendProtocolError(
+                f"the backend returned no logprobs for the reply's first token; label reading needs them "
+                f"(its {CHAT_PATH} must answer `logprobs` with `top_logprobs`)") from exc
 
 
 def parse_first_token(first: dict[str, Any], labels: Sequence[str], token_ids: Sequence[Sequence[int]] | None,

@@ -18,9 +18,10 @@ import orjson
 
 from app.decisions import labels
 from app.decisions.schema import MEDIA_FIELDS
-from app.errors import ArbiterError, InvalidRequest
+from app.errors import ArbiterError, BackendFailed, InvalidRequest
 from infra_adapters.base import (
     Backend,
+    BackendProtocolError,
     BackendTimeout,
     CallOptions,
     RemoteModel,
@@ -125,6 +126,12 @@ class LabelBackend:
             return refused.reply
         except TimeoutError as exc:
             raise BackendTimeout(f"model '{self.model}' was not read within {options.timeout:g}s") from exc
+        except BackendProtocolError as exc:
+            # A 200 that cannot be read (no logprobs) is this answer's fault, not the replica's: a
+            # 502 that takes nothing out of service (SPEC §4: a connection error, a timeout or the
+            # backend's own 502/503/504 do).
+            log.warning("label read of model %s on %s failed: %s", self.model, self.url, exc)
+            raise BackendFailed(502, str(exc)) from exc
         return Reply(200, "application/json", orjson.dumps({"model": body.get("model", self.model), **answer}))
 
     async def aclose(self) -> None:

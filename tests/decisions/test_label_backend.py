@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 
 from app.db.session import Database
@@ -193,6 +194,33 @@ def test_the_backends_own_answers_to_reads_are_judged_as_any_backends(vllm_stack
     assert vllm_stack.client().post("/v1/systemone", json=decision(QWEN)).status_code == 503
     state.faults.reset()
     assert_error(vllm_stack.client().post("/v1/systemone", json=decision(QWEN)), 503, "backend_error")
+
+
+def _chat_answer(logprobs: Any) -> bytes:
+    return orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "model": QWEN,
+                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "yes"},
+                                      "logprobs": logprobs, "finish_reason": "length"}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
+
+
+def test_a_200_without_logprobs_is_a_502_that_takes_nothing_out(vllm_stack: Stack) -> None:
+    state: VllmState = vllm_stack.extra["state"]
+    _labels_on(vllm_stack, QWEN)
+    assert vllm_stack.client().post("/v1/systemone", json=decision(QWEN)).status_code == 200  # token ids known
+    # A server that ignores `logprobs` (null), or answers them empty: the backend is up, the answer unusable.
+    for logprobs in (None, {"content": []}):
+        state.faults.status, state.faults.body = 200, _chat_answer(logprobs)
+        response = vllm_stack.client().post("/v1/systemone", json=decision(QWEN))
+        assert_error(response, 502, "backend_error")
+        assert "no logprobs" in response.json()["error"] and "label reading needs them" in response.json()["error"]
+        state.faults.reset()
+        assert vllm_stack.client().post("/v1/systemone", json=decision(QWEN)).status_code == 200  # not backed off
+    state.faults.status, state.faults.body = 200, _chat_answer(None)
+    openai = vllm_stack.client().post("/v1/decisions", json={"model": QWEN, "input": "x", "questions": QUESTIONS})
+    assert openai.status_code == 502 and "no logprobs" in openai.json()["error"]["message"]
+    state.faults.reset()
+    assert vllm_stack.client().post("/v1/decisions", json={"model": QWEN, "input": "x",
+                                                           "questions": QUESTIONS}).status_code == 200
 
 
 def test_media_and_the_openai_decisions_api_on_a_label_read_model(vllm_stack: Stack) -> None:
