@@ -10,6 +10,7 @@ once per model and cached; a backend without a tokenizer endpoint is read by tok
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -29,6 +30,7 @@ from infra_adapters.base import (
     ReplyNotOk,
     Stream,
 )
+from infra_adapters.vllm import salted
 
 log = logging.getLogger("arbiter.labels")
 # Every spelling of every label, tokenized once per model.
@@ -116,10 +118,13 @@ class LabelBackend:
         if media:
             return _refusal(InvalidRequest(f"model '{self.model}' answers decisions by label reading, which reads "
                                            f"text only; it cannot take {', '.join(media)}"))
+        # Every read carries the project's prefix-cache salt combined with the caller's own (SPEC §1).
+        salt = salted({"cache_salt": body.get("cache_salt")}, options.tenant_salt).get("cache_salt")
+        reads = dataclasses.replace(options, tenant_salt=salt if isinstance(salt, str) else None)
         try:
             async with asyncio.timeout(options.timeout or None):
                 token_ids = await self.token_ids()
-                answer = await labels.decide(body, _Bound(self._reader, options), token_ids)
+                answer = await labels.decide(body, _Bound(self._reader, reads), token_ids)
         except ArbiterError as error:  # a question that cannot be read this way: the tenant's 400
             return _refusal(error)
         except ReplyNotOk as refused:  # the backend's own answer to a read: judged as any backend's

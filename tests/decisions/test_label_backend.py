@@ -4,6 +4,7 @@ and over an Ollama too old for decision models (no version gate: it needs no /v1
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -107,6 +108,20 @@ def test_leading_space_labels_count_in_full_whatever_their_rank(vllm_stack: Stac
 
 def _project_id(stack: Stack) -> int:
     return int(stack.client("admin").get("/admin/projects/acme").json()["id"])
+
+
+def test_the_callers_own_cache_salt_is_combined_into_every_read(vllm_stack: Stack) -> None:
+    state: VllmState = vllm_stack.extra["state"]
+    _labels_on(vllm_stack, QWEN)
+    tenant = TenantSalts(vllm_stack.gateway.settings).of(_project_id(vllm_stack))
+    for own in ("end-user-42", "end-user-43"):
+        before = len(state.requests)
+        response = vllm_stack.client().post("/v1/systemone", json=decision(QWEN, cache_salt=own))
+        assert response.status_code == 200, response.text
+        reads = [r.json for r in state.requests[before:] if r.path == "/v1/chat/completions"]
+        assert len(reads) == 3
+        # As /v1/systemone sends it to vLLM: one tenant's users do not share a prefix cache either.
+        assert {r["cache_salt"] for r in reads} == {hashlib.sha256(f"{tenant}:{own}".encode()).hexdigest()}
 
 
 def test_what_labels_cannot_read_is_a_400(vllm_stack: Stack) -> None:
