@@ -47,13 +47,8 @@ async def _translated(backend: Backend, body: dict[str, Any], call: CallOptions)
     reply = await backend.systemone(request, call)
     if reply.status != 200:
         return reply
-    try:
-        answer = orjson.loads(reply.body)
-    except orjson.JSONDecodeError:
-        return reply  # not JSON: the Forwarder makes it a 502
-    if not isinstance(answer, dict):
-        return reply
-    converted = translate.from_systemone(answer, asked, body["model"])
+    # Translated or a 502: a System One answer never goes back on this endpoint as it came.
+    converted = translate.from_systemone(translate.read_answer(reply.body), asked, body["model"])
     return Reply(200, "application/json", orjson.dumps(converted))
 
 
