@@ -159,6 +159,18 @@ def label_token_ids(qid: str, labels: Sequence[str],
     return found
 
 
+def refuse_thinking(body: Mapping[str, Any]) -> None:
+    """Thinking is always off in a read (vLLM gets ``enable_thinking: false``): the label is the
+    reply's first token, where a thinking model would start its reasoning. A request that turns it
+    on is a 400, not silently read without it; the template's other kwargs have no effect."""
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, Mapping) and kwargs.get("enable_thinking") not in (None, False):
+        raise InvalidRequest(
+            "chat_template_kwargs.enable_thinking: this model answers decisions by label reading, which "
+            "reads the label as the reply's first token, where thinking would start; thinking is always "
+            "off, so leave enable_thinking out or send false")
+
+
 # -- answers -------------------------------------------------------------------
 
 
@@ -205,6 +217,7 @@ async def decide(body: Mapping[str, Any], reader: LabelReader,
     (``app.decisions.schema.validate``). ``token_ids``: every spelling of every label (``spellings``)
     -> its tokens, when the model's tokenizer is known. Every question is checked before any read
     is sent."""
+    refuse_thinking(body)
     state = body["state"]
     questions: Mapping[str, Mapping[str, Any]] = body["questions"]
     plans = []

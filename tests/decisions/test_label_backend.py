@@ -124,6 +124,22 @@ def test_the_callers_own_cache_salt_is_combined_into_every_read(vllm_stack: Stac
         assert {r["cache_salt"] for r in reads} == {hashlib.sha256(f"{tenant}:{own}".encode()).hexdigest()}
 
 
+def test_thinking_stays_off_and_turning_it_on_is_a_400(vllm_stack: Stack) -> None:
+    state: VllmState = vllm_stack.extra["state"]
+    _labels_on(vllm_stack, QWEN)
+    before = len(state.requests)
+    thinking = vllm_stack.client().post("/v1/systemone", json=decision(
+        QWEN, chat_template_kwargs={"enable_thinking": True}))
+    assert_error(thinking, 400, "invalid_request_error")
+    assert "enable_thinking" in thinking.json()["error"] and "first token" in thinking.json()["error"]
+    assert "/v1/chat/completions" not in [r.path for r in state.requests[before:]]  # refused before any read
+    off = vllm_stack.client().post("/v1/systemone", json=decision(
+        QWEN, chat_template_kwargs={"enable_thinking": False, "custom": 1}))
+    assert off.status_code == 200, off.text
+    reads = [r.json for r in state.requests[before:] if r.path == "/v1/chat/completions"]
+    assert len(reads) == 3 and all(r["chat_template_kwargs"] == {"enable_thinking": False} for r in reads)
+
+
 def test_what_labels_cannot_read_is_a_400(vllm_stack: Stack) -> None:
     _labels_on(vllm_stack, QWEN)
     many = decision(QWEN)
