@@ -47,6 +47,9 @@ class LocalRead:
     label_mass: float
     input_tokens: int
     argmax_is_label: bool
+    # Never counted: the prefix reused is the previous read's, whoever sent it, so a count would
+    # tell one tenant how another's prompt began.
+    cached_tokens: int
 
 
 def runtime_available() -> bool:
@@ -179,8 +182,8 @@ class LocalLlamaBackend:
                 logprobs[label] = best + math.log(float(np.exp(chosen - best).sum())) - total
         argmax = int(logits.argmax())
         return LocalRead(logprobs=logprobs, label_mass=min(1.0, math.fsum(math.exp(v) for v in logprobs.values())),
-                         input_tokens=len(tokens),
-                         argmax_is_label=any(argmax in ids for ids in token_ids))
+                         input_tokens=len(tokens), argmax_is_label=any(argmax in ids for ids in token_ids),
+                         cached_tokens=0)
 
     @staticmethod
     def _evaluate(llm: Any, tokens: list[int]) -> Any:

@@ -48,6 +48,7 @@ class FirstTokenRead:
     label_mass: float
     input_tokens: int
     argmax_is_label: bool
+    cached_tokens: int  # of input_tokens, read from the backend's prefix cache (as it reports them)
 
 
 def _logsumexp(values: Sequence[float]) -> float:
@@ -122,22 +123,33 @@ class OpenAILogprobsReader(HttpBackendBase):
         """One read with one call's options (timeout, trace headers, the project's cache salt).
         A 200 without the first token's logprobs is BackendProtocolError: the answer is unusable,
         though the backend is up."""
-        reply = await self._post(CHAT_PATH, self.request_body(messages, token_ids, options), options)
+        body = self.request_body(messages, token_ids, options)
+        reply = await self._post(CHAT_PATH, body, options)
         if reply.status != 200:  # a prompt over the context, a refused key, its own 5xx: passed on
             raise ReplyNotOk(reply)
         try:
             answer = orjson.loads(reply.body)
             first = answer["choices"][0]["logprobs"]["content"][0]
-            prompt_tokens = int((answer.get("usage") or {}).get("prompt_tokens") or 0)
-            return parse_first_token(first, labels, token_ids, prompt_tokens)
+            usage = answer.get("usage") or {}
+            # A prefix cache shared by tenants would tell one what another's prompt began with: its
+            # count is passed on only from a cache the read's salt keeps to the caller (vLLM's).
+            cached = _cached_tokens(usage) if "cache_salt" in body else 0
+            return parse_first_token(first, labels, token_ids, int(usage.get("prompt_tokens") or 0), cached)
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise BackendProtocolError(
                 f"the backend returned no logprobs for the reply's first token; label reading needs them "
                 f"(its {CHAT_PATH} must answer `logprobs` with `top_logprobs`)") from exc
 
 
+def _cached_tokens(usage: dict[str, Any]) -> int:
+    """vLLM's ``usage.prompt_tokens_details.cached_tokens`` (null unless it reports them): 0 when absent."""
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0 else 0
+
+
 def parse_first_token(first: dict[str, Any], labels: Sequence[str], token_ids: Sequence[Sequence[int]] | None,
-                      input_tokens: int) -> FirstTokenRead:
+                      input_tokens: int, cached_tokens: int = 0) -> FirstTokenRead:
     """The labels' logprobs from the first position of an OpenAI ``logprobs.content``."""
     by_id: dict[int, float] = {}
     for entry in first.get("logprob_token_ids") or ():
@@ -159,5 +171,5 @@ def parse_first_token(first: dict[str, Any], labels: Sequence[str], token_ids: S
     label_mass = math.fsum(math.exp(lp) for lp in logprobs.values())
     top_token = max(seen.items(), key=lambda item: item[1])[0] if seen else None
     argmax_is_label = top_token is not None and top_token.lstrip(SPACE_MARKS) in labels
-    return FirstTokenRead(logprobs=logprobs, label_mass=min(1.0, label_mass),
-                          input_tokens=input_tokens, argmax_is_label=argmax_is_label)
+    return FirstTokenRead(logprobs=logprobs, label_mass=min(1.0, label_mass), input_tokens=input_tokens,
+                          argmax_is_label=argmax_is_label, cached_tokens=cached_tokens)

@@ -54,6 +54,11 @@ class LabelRead(Protocol):
     def input_tokens(self) -> int: ...
 
     @property
+    def cached_tokens(self) -> int:
+        """Of ``input_tokens``, those the backend read from its prefix cache (0 when it does not say)."""
+        ...
+
+    @property
     def argmax_is_label(self) -> bool:
         """The most probable token of the whole vocabulary is a label."""
         ...
@@ -236,5 +241,6 @@ async def decide(body: Mapping[str, Any], reader: LabelReader,
     diagnostics: dict[str, Any] = {}
     for (qid, question, labels, _), read in zip(plans, reads):
         answers[qid], diagnostics[qid] = answer_from_read(qid, question, labels, read)
-    usage = {"input_tokens": sum(read.input_tokens for read in reads), "output_tokens": len(reads)}
+    usage = {"input_tokens": sum(read.input_tokens for read in reads), "output_tokens": len(reads),
+             "input_tokens_details": {"cached_tokens": sum(read.cached_tokens for read in reads)}}
     return {"answers": answers, "usage": usage, "diagnostics": diagnostics}

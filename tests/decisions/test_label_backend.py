@@ -14,7 +14,8 @@ import pytest
 
 from app.db.session import Database
 from app.tenancy.salts import TenantSalts
-from infra_adapters.emulators.answers import distribution
+from infra_adapters.emulators.answers import count_tokens, distribution
+from infra_adapters.emulators.generation import message_text
 from infra_adapters.emulators.logprobs_chat import token_id
 from infra_adapters.emulators.ollama_state import OllamaState
 from infra_adapters.emulators.server import EmulatorServer
@@ -138,6 +139,35 @@ def test_thinking_stays_off_and_turning_it_on_is_a_400(vllm_stack: Stack) -> Non
     assert off.status_code == 200, off.text
     reads = [r.json for r in state.requests[before:] if r.path == "/v1/chat/completions"]
     assert len(reads) == 3 and all(r["chat_template_kwargs"] == {"enable_thinking": False} for r in reads)
+
+
+def _cached(state: VllmState, reads: int) -> int:
+    """What the emulator's prefix cache holds of the last ``reads`` reads: every token, when each
+    was read before under the same salt."""
+    sent = [r.json for r in state.requests if r.path == "/v1/chat/completions"][-reads:]
+    return sum(count_tokens("".join(message_text(m["content"]) for m in r["messages"])) for r in sent)
+
+
+def test_prefix_cache_hits_are_counted_and_kept_per_salt(vllm_stack: Stack) -> None:
+    state: VllmState = vllm_stack.extra["state"]
+    state.prefix_caching = True
+    _labels_on(vllm_stack, QWEN)
+    body = decision(QWEN, questions={"urgent": {"type": "noul", "instructions": "Reply within the hour?"}})
+    first = vllm_stack.client().post("/v1/systemone", json=body)
+    assert first.status_code == 200, first.text
+    assert first.json()["usage"]["input_tokens_details"] == {"cached_tokens": 0}
+    again = vllm_stack.client().post("/v1/systemone", json=body).json()["usage"]
+    assert again["input_tokens_details"] == {"cached_tokens": _cached(state, 1)} and _cached(state, 1) > 0
+    # The OpenAI Decisions API reports them as its cached_tokens.
+    openai = {"model": QWEN, "input": "My card was charged twice.", "questions": QUESTIONS}
+    assert vllm_stack.client().post("/v1/decisions", json=openai).status_code == 200
+    usage = vllm_stack.client().post("/v1/decisions", json=openai).json()["usage"]
+    assert usage["input_tokens_details"]["cached_tokens"] == _cached(state, 3) > 0
+    # Another project's reads are salted apart: nothing of the first project's is a hit for it.
+    other = vllm_stack.new_project("other")
+    with vllm_stack.client(other) as client:
+        assert client.post("/v1/systemone", json=body).json()["usage"]["input_tokens_details"] == {
+            "cached_tokens": 0}
 
 
 def test_what_labels_cannot_read_is_a_400(vllm_stack: Stack) -> None:

@@ -127,7 +127,7 @@ def test_token_ids_sent_and_the_maths(vllm: Emulator) -> None:
         assert out["diagnostics"][qid] == {"label_mass": pytest.approx(0.75), "argmax_is_label": True}
     # the reads' prompt tokens summed (the emulator counts them with prompt_tokens); one output each
     assert out["usage"] == {"input_tokens": sum(prompt_tokens(r["messages"]) for r in chats(state)),
-                            "output_tokens": 3}
+                            "output_tokens": 3, "input_tokens_details": {"cached_tokens": 0}}
 
 
 def test_leading_space_variants_are_summed(vllm: Emulator) -> None:
