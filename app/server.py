@@ -14,6 +14,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.api.public.openai_decisions import OPENAI_DECISIONS_PATH
+from app.decisions.openai_api import errors as openai_errors
 from app.errors import ArbiterError, HeadersTooLarge, InvalidRequest, RequestTimeout
 from app.main import create_app
 from app.settings import Settings
@@ -112,7 +114,7 @@ MAX_HEAD_BYTES = 64 * 1024
 class HttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, writing each whole response in one send (see above), with
     two limits on what a client sends, and its own malformed-request answers in Arbiter's JSON
-    error shape.
+    error shape (OpenAI's for a request to /v1/decisions whose head has arrived).
 
     - The header section: httptools buffers a header line until it ends, however long, so one
       connection sending an endless header would grow the process without bound. Bytes are
@@ -181,7 +183,12 @@ class HttpProtocol(HttpToolsProtocol):
         self._refuse(InvalidRequest(f"invalid HTTP request: {msg}"))
 
     def _refuse(self, error: ArbiterError) -> None:
-        body = error.body()
+        # Once the request's head is whole its path is known, and /v1/decisions answers every
+        # error in OpenAI's shape; before that (a head over the cap, a malformed request line)
+        # the endpoint is unknown, and the answer is in Arbiter's.
+        scope: Any = self.scope
+        path = scope.get("path") if scope is not None else None
+        body = openai_errors.from_arbiter(error) if path == OPENAI_DECISIONS_PATH else error.body()
         head = [b"HTTP/1.1 %d %s\r\n" % (error.status, HTTPStatus(error.status).phrase.encode())]
         head.extend(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers)
         head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"

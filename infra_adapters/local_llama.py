@@ -8,7 +8,8 @@ so the event loop never blocks. A read reuses the evaluated prefix of the previo
 questions of one request, which share the state at the start of their prompts, evaluate it once.
 
 It answers decisions by label reading only: ``read_with`` gives the labels' exact logprobs at
-the reply's first position from the full vocabulary's logits (no top-k cap).
+the reply's first position from the full vocabulary's logits (no top-k cap), each label's summed
+over the one-token spellings label reading found for it with ``tokenize`` (``A`` and `` A``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class LocalRead:
     label_mass: float
     input_tokens: int
     argmax_is_label: bool
+    # Never counted: the prefix reused is the previous read's, whoever sent it, so a count would
+    # tell one tenant how another's prompt began.
+    cached_tokens: int
 
 
 def runtime_available() -> bool:
@@ -154,7 +158,9 @@ class LocalLlamaBackend:
     def tokenize_sync(self, text: str) -> list[int]:
         return list(self._model().tokenize(text.encode(), add_bos=False, special=False))
 
-    def read_sync(self, messages: list[dict[str, Any]], labels: Sequence[str]) -> LocalRead:
+    def read_sync(self, messages: list[dict[str, Any]], labels: Sequence[str],
+                  token_ids: Sequence[Sequence[int]]) -> LocalRead:
+        """``token_ids``: per label, the ids of its one-token spellings (``A``, `` A``)."""
         llm = self._model()
         prompt = self._template(messages)
         tokens = list(llm.tokenize(prompt.encode(), add_bos=True, special=True))
@@ -168,17 +174,16 @@ class LocalLlamaBackend:
         logits = self._evaluate(llm, tokens)
         top = float(logits.max())
         total = top + math.log(float(np.exp(logits - top).sum()))
-        variants = {label: _variant_ids(llm, label) for label in labels}
         logprobs: dict[str, float] = {}
-        for label, ids in variants.items():
+        for label, ids in zip(labels, token_ids):
             if ids:
-                chosen = logits[ids]
+                chosen = logits[list(ids)]
                 best = float(chosen.max())
                 logprobs[label] = best + math.log(float(np.exp(chosen - best).sum())) - total
         argmax = int(logits.argmax())
         return LocalRead(logprobs=logprobs, label_mass=min(1.0, math.fsum(math.exp(v) for v in logprobs.values())),
-                         input_tokens=len(tokens),
-                         argmax_is_label=any(argmax in ids for ids in variants.values()))
+                         input_tokens=len(tokens), argmax_is_label=any(argmax in ids for ids in token_ids),
+                         cached_tokens=0)
 
     @staticmethod
     def _evaluate(llm: Any, tokens: list[int]) -> Any:
@@ -208,10 +213,13 @@ class LocalReader:
         self._backend = backend
 
     async def read_with(self, options: CallOptions, messages: list[dict[str, Any]], labels: Sequence[str],
-                        token_ids: Sequence[int] | None = None) -> LocalRead:
+                        token_ids: Sequence[Sequence[int]] | None = None) -> LocalRead:
+        if token_ids is None:  # label reading tokenizes every label first (``tokenize`` below)
+            raise BackendProtocolError("the local runtime reads labels by their token ids, and none were given")
         try:
-            return await asyncio.wait_for(self._backend.run(self._backend.read_sync, messages, list(labels)),
-                                          options.timeout or None)
+            return await asyncio.wait_for(
+                self._backend.run(self._backend.read_sync, messages, list(labels), token_ids),
+                options.timeout or None)
         except TimeoutError as exc:
             raise BackendTimeout(f"the local model did not answer within {options.timeout:g}s") from exc
 
@@ -220,16 +228,6 @@ class LocalReader:
 
     async def aclose(self) -> None:
         return None  # the model is the service backend's
-
-
-def _variant_ids(llm: Any, label: str) -> list[int]:
-    """The single-token spellings of a label: as it is and with a leading space."""
-    ids: list[int] = []
-    for text in (label, " " + label):
-        tokens = llm.tokenize(text.encode(), add_bos=False, special=False)
-        if len(tokens) == 1 and tokens[0] not in ids:
-            ids.append(int(tokens[0]))
-    return ids
 
 
 def _chat_template(metadata: dict[str, Any]) -> Any:

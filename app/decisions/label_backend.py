@@ -10,6 +10,7 @@ once per model and cached; a backend without a tokenizer endpoint is read by tok
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -18,9 +19,10 @@ import orjson
 
 from app.decisions import labels
 from app.decisions.schema import MEDIA_FIELDS
-from app.errors import ArbiterError, InvalidRequest
+from app.errors import ArbiterError, BackendFailed, InvalidRequest
 from infra_adapters.base import (
     Backend,
+    BackendProtocolError,
     BackendTimeout,
     CallOptions,
     RemoteModel,
@@ -28,9 +30,12 @@ from infra_adapters.base import (
     ReplyNotOk,
     Stream,
 )
+from infra_adapters.vllm import salted
 
 log = logging.getLogger("arbiter.labels")
-ALL_LABELS = (*labels.CHOICE_LABELS, *labels.NOUL_LABELS, *labels.SCORE_LABELS)
+# Every spelling of every label, tokenized once per model.
+ALL_SPELLINGS = tuple(spelling for label in (*labels.CHOICE_LABELS, *labels.NOUL_LABELS, *labels.SCORE_LABELS)
+                      for spelling in labels.spellings(label))
 
 
 class ModelReader(Protocol):
@@ -38,7 +43,7 @@ class ModelReader(Protocol):
     the model's tokenizer when the backend exposes it."""
 
     async def read_with(self, options: CallOptions, messages: list[dict[str, Any]], labels: Sequence[str],
-                        token_ids: Sequence[int] | None = None) -> labels.LabelRead: ...
+                        token_ids: Sequence[Sequence[int]] | None = None) -> labels.LabelRead: ...
 
     async def tokenize(self, text: str) -> list[int] | None:
         """The token ids of ``text`` without special tokens, or None when there is no tokenizer."""
@@ -54,7 +59,7 @@ class _Bound:
         self._reader, self._options = reader, options
 
     async def read(self, messages: list[dict[str, Any]], labels: Sequence[str],
-                   token_ids: Sequence[int] | None = None) -> labels.LabelRead:
+                   token_ids: Sequence[Sequence[int]] | None = None) -> labels.LabelRead:
         return await self._reader.read_with(self._options, messages, labels, token_ids)
 
 
@@ -98,12 +103,13 @@ class LabelBackend:
         return False  # label reading needs nothing of the backend's own decision endpoint
 
     async def token_ids(self) -> dict[str, list[int]] | None:
-        """Every label's token ids from the model's tokenizer, read once (None: no tokenizer)."""
+        """The token ids of every spelling of every label from the model's tokenizer, read once
+        (None: no tokenizer)."""
         async with self._tokenizer_lock:  # concurrent first requests share one lookup
             if not self._tokenizer_known:
-                found = await asyncio.gather(*(self._reader.tokenize(label) for label in ALL_LABELS))
+                found = await asyncio.gather(*(self._reader.tokenize(text) for text in ALL_SPELLINGS))
                 self._token_ids = (None if any(ids is None for ids in found)
-                                   else {label: ids for label, ids in zip(ALL_LABELS, found) if ids is not None})
+                                   else {text: ids for text, ids in zip(ALL_SPELLINGS, found) if ids is not None})
                 self._tokenizer_known = True
         return self._token_ids
 
@@ -112,16 +118,25 @@ class LabelBackend:
         if media:
             return _refusal(InvalidRequest(f"model '{self.model}' answers decisions by label reading, which reads "
                                            f"text only; it cannot take {', '.join(media)}"))
+        # Every read carries the project's prefix-cache salt combined with the caller's own (SPEC §1).
+        salt = salted({"cache_salt": body.get("cache_salt")}, options.tenant_salt).get("cache_salt")
+        reads = dataclasses.replace(options, tenant_salt=salt if isinstance(salt, str) else None)
         try:
             async with asyncio.timeout(options.timeout or None):
                 token_ids = await self.token_ids()
-                answer = await labels.decide(body, _Bound(self._reader, options), token_ids)
+                answer = await labels.decide(body, _Bound(self._reader, reads), token_ids)
         except ArbiterError as error:  # a question that cannot be read this way: the tenant's 400
             return _refusal(error)
         except ReplyNotOk as refused:  # the backend's own answer to a read: judged as any backend's
             return refused.reply
         except TimeoutError as exc:
             raise BackendTimeout(f"model '{self.model}' was not read within {options.timeout:g}s") from exc
+        except BackendProtocolError as exc:
+            # A 200 that cannot be read (no logprobs) is this answer's fault, not the replica's: a
+            # 502 that takes nothing out of service (SPEC §4: a connection error, a timeout or the
+            # backend's own 502/503/504 do).
+            log.warning("label read of model %s on %s failed: %s", self.model, self.url, exc)
+            raise BackendFailed(502, str(exc)) from exc
         return Reply(200, "application/json", orjson.dumps({"model": body.get("model", self.model), **answer}))
 
     async def aclose(self) -> None:

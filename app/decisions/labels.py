@@ -54,6 +54,11 @@ class LabelRead(Protocol):
     def input_tokens(self) -> int: ...
 
     @property
+    def cached_tokens(self) -> int:
+        """Of ``input_tokens``, those the backend read from its prefix cache (0 when it does not say)."""
+        ...
+
+    @property
     def argmax_is_label(self) -> bool:
         """The most probable token of the whole vocabulary is a label."""
         ...
@@ -63,8 +68,9 @@ class LabelReader(Protocol):
     """Reads the first-token logprobs of ``labels`` after ``messages`` (the reply prefilled)."""
 
     async def read(self, messages: list[dict[str, Any]], labels: Sequence[str],
-                   token_ids: Sequence[int] | None = None) -> LabelRead:
-        """``token_ids``: one token id per label, in order, when the model's tokenizer is known."""
+                   token_ids: Sequence[Sequence[int]] | None = None) -> LabelRead:
+        """``token_ids``: per label, in order, the ids of its one-token spellings (``spellings``;
+        the label as written first), when the model's tokenizer is known."""
         ...
 
 
@@ -128,20 +134,46 @@ def messages_for(state: Any, question: Mapping[str, Any], labels: Sequence[str])
             {"role": "assistant", "content": PREFILL}]
 
 
-def single_token_ids(qid: str, labels: Sequence[str],
-                     token_ids: Mapping[str, Sequence[int]] | None) -> list[int] | None:
-    """The labels' token ids from the model's tokenizer; a label that is not one token is a 400."""
+def spellings(label: str) -> tuple[str, str]:
+    """The ways a label can come as the reply's first token: as written, and after ``Answer:`` with
+    the leading space a BPE or SentencePiece tokenizer folds into the token (`` A``, ``ĠA``, ``▁A``)."""
+    return label, " " + label
+
+
+def label_token_ids(qid: str, labels: Sequence[str],
+                    token_ids: Mapping[str, Sequence[int]] | None) -> list[list[int]] | None:
+    """Per label, the ids of its one-token spellings, from the model's tokenizer (``token_ids``:
+    spelling -> its tokens); a label that is not one token as written is a 400."""
     if token_ids is None:
         return None
-    ids: list[int] = []
+    found: list[list[int]] = []
     for label in labels:
         tokens = list(token_ids.get(label, ()))
         if len(tokens) != 1:
             raise InvalidRequest(
                 f"questions.{qid}: the label {label!r} is not a single token for this model "
                 f"(token ids {tokens}), so it cannot be read as the reply's first token")
-        ids.append(int(tokens[0]))
-    return ids
+        ids = [int(tokens[0])]
+        for spelling in spellings(label)[1:]:
+            tokens = list(token_ids.get(spelling, ()))
+            # Two tokens (a space, then the label) is no spelling of the label's; one token may be
+            # the label's own id (a SentencePiece tokenizer adds the space to both).
+            if len(tokens) == 1 and int(tokens[0]) not in ids:
+                ids.append(int(tokens[0]))
+        found.append(ids)
+    return found
+
+
+def refuse_thinking(body: Mapping[str, Any]) -> None:
+    """Thinking is always off in a read (vLLM gets ``enable_thinking: false``): the label is the
+    reply's first token, where a thinking model would start its reasoning. A request that turns it
+    on is a 400, not silently read without it; the template's other kwargs have no effect."""
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, Mapping) and kwargs.get("enable_thinking") not in (None, False):
+        raise InvalidRequest(
+            "chat_template_kwargs.enable_thinking: this model answers decisions by label reading, which "
+            "reads the label as the reply's first token, where thinking would start; thinking is always "
+            "off, so leave enable_thinking out or send false")
 
 
 # -- answers -------------------------------------------------------------------
@@ -187,13 +219,16 @@ def answer_from_read(qid: str, question: Mapping[str, Any], labels: Sequence[str
 async def decide(body: Mapping[str, Any], reader: LabelReader,
                  token_ids: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
     """``answers``, ``usage`` and ``diagnostics`` for a System One request already validated
-    (``app.decisions.schema.validate``). Every question is checked before any read is sent."""
+    (``app.decisions.schema.validate``). ``token_ids``: every spelling of every label (``spellings``)
+    -> its tokens, when the model's tokenizer is known. Every question is checked before any read
+    is sent."""
+    refuse_thinking(body)
     state = body["state"]
     questions: Mapping[str, Mapping[str, Any]] = body["questions"]
     plans = []
     for qid, question in questions.items():
         labels = labels_for(qid, question)
-        plans.append((qid, question, labels, single_token_ids(qid, labels, token_ids)))
+        plans.append((qid, question, labels, label_token_ids(qid, labels, token_ids)))
     tasks = [asyncio.ensure_future(reader.read(messages_for(state, question, labels), labels, ids))
              for _, question, labels, ids in plans]
     try:
@@ -206,5 +241,6 @@ async def decide(body: Mapping[str, Any], reader: LabelReader,
     diagnostics: dict[str, Any] = {}
     for (qid, question, labels, _), read in zip(plans, reads):
         answers[qid], diagnostics[qid] = answer_from_read(qid, question, labels, read)
-    usage = {"input_tokens": sum(read.input_tokens for read in reads), "output_tokens": len(reads)}
+    usage = {"input_tokens": sum(read.input_tokens for read in reads), "output_tokens": len(reads),
+             "input_tokens_details": {"cached_tokens": sum(read.cached_tokens for read in reads)}}
     return {"answers": answers, "usage": usage, "diagnostics": diagnostics}

@@ -115,8 +115,9 @@ def _entry(token: str, logprob: float) -> dict[str, Any]:
 
 
 def logprobs_body(model: str, payload: dict[str, Any], messages: list[Any], *, label_mass: float,
-                  space_share: float = 0.0) -> dict[str, Any]:
-    """The `chat.completion` answer with the first token's logprobs, as vLLM gives it."""
+                  space_share: float = 0.0, cached_tokens: int | None = None) -> dict[str, Any]:
+    """The `chat.completion` answer with the first token's logprobs, as vLLM gives it
+    (`cached_tokens`: the prompt's tokens read from the prefix cache, when it reports them)."""
     top_n = payload.get("top_logprobs") or 0
     if not isinstance(top_n, int) or isinstance(top_n, bool) or not 0 <= top_n <= MAX_TOP_LOGPROBS:
         raise Problem(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}", param="top_logprobs")
@@ -149,7 +150,7 @@ def logprobs_body(model: str, payload: dict[str, Any], messages: list[Any], *, l
             "stop_reason": None,
         }],
         "usage": {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1,
-                  "prompt_tokens_details": None},
+                  "prompt_tokens_details": None if cached_tokens is None else {"cached_tokens": cached_tokens}},
         "system_fingerprint": None,
     }
 

@@ -4,7 +4,8 @@ A model's `task` option decides which it serves: "generate" models chat (SSE
 when `"stream": true`, paced by `VllmState.stream_delay`), "embed" models give
 embeddings; the other endpoint is a 400 worded as vLLM words it. Both go
 through `faults.respond`; a chat with `logprobs` answers the first token's
-logprobs (`logprobs_chat`, for label reading); errors have vLLM's `{"error": {..., "code": status}}`.
+logprobs (`logprobs_chat`, for label reading), with the prompt's tokens found in the prefix
+cache when `VllmState.prefix_caching` is on; errors have vLLM's `{"error": {..., "code": status}}`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from aiohttp import web
 
 from .answers import count_tokens
 from .faults import faulty_route
-from .generation import prompt_tokens
+from .generation import message_text, prompt_tokens
 from .logprobs_chat import logprobs_body, tokenize, wants_logprobs
 from .openai_compat import (
     Problem,
@@ -59,8 +60,13 @@ async def chat(request: web.Request, state: VllmState) -> web.StreamResponse:
         if tokens + 1 > limit:
             raise _too_long(limit, tokens, "input messages")
         if wants_logprobs(payload) and not chat_req.stream:
+            salt = payload.get("cache_salt")
+            cached = (state.cached_tokens(salt if isinstance(salt, str) else None,
+                                          "".join(message_text(m.get("content")) for m in chat_req.messages
+                                                  if isinstance(m, dict)))
+                      if state.prefix_caching else None)
             body = logprobs_body(model, payload, chat_req.messages, label_mass=state.label_mass,
-                                 space_share=state.label_space_share)
+                                 space_share=state.label_space_share, cached_tokens=cached)
             return json_response(body, content_type=JSON)
     except Problem as exc:
         return VllmError(exc.message, exc.status, param=exc.param).response()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from .answers import count_tokens
 from .faults import Faults
 from .recording import RecordedRequest, json_response
 
@@ -44,10 +46,22 @@ class VllmState:
     stream_delay: float = 0.0  # seconds between streamed chat chunks
     label_mass: float = 0.9  # chat with logprobs: the probability on the labels (logprobs_chat)
     label_space_share: float = 0.0  # of each label's probability, the share on its " X" variant
+    # --enable-prefix-caching with prompt token details: chat with logprobs reports
+    # usage.prompt_tokens_details.cached_tokens (see `cached_tokens`); off: the details are null.
+    prefix_caching: bool = False
+    read_prompts: dict[str, list[str]] = field(default_factory=dict)  # per cache_salt, prompts read
     openai_decisions: bool = True  # False: a vLLM that predates /v1/decisions (FastAPI's route 404)
 
     def options(self, model_id: str) -> dict[str, Any]:
         return {**default_model_options(), **self.models.get(model_id, {})}
+
+    def cached_tokens(self, salt: str | None, prompt: str) -> int:
+        """The tokens of ``prompt`` found in the prefix cache: its longest common prefix with a
+        prompt read before under the same ``cache_salt`` (a salt keeps its own cache)."""
+        seen = self.read_prompts.setdefault(salt or "", [])
+        shared = max((len(os.path.commonprefix([prompt, old])) for old in seen), default=0)
+        seen.append(prompt)
+        return count_tokens(prompt[:shared])
 
 
 STATE_KEY = web.AppKey("vllm_state", VllmState)

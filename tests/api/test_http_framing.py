@@ -116,6 +116,40 @@ def test_a_request_that_does_not_arrive_in_time_is_408_and_closed(gateway_factor
         assert client.get("/v1/models").status_code == 200
 
 
+def _slow_request(stack: Stack, sent: bytes) -> tuple[int, dict[str, str], bytes]:
+    host, port = stack.gateway.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(sent.replace(b"Host: x\r\n", b"Host: x\r\nAuthorization: Bearer "
+                                  + stack.project_key.encode() + b"\r\n"))
+        return split(read_all(sock))
+
+
+def test_server_made_errors_on_v1_decisions_are_in_openais_shape_once_the_path_is_known(
+        gateway_factory: Any, db: Any) -> None:
+    stack = Stack.provision(db)
+    stack.gateway = gateway_factory(client_timeout=1)
+    # The head arrived, the body did not: 408 in OpenAI's shape, as every error of the endpoint.
+    status, headers, body = _slow_request(stack, (
+        b"POST /v1/decisions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n{\"model\""))
+    assert status == 408 and headers["connection"] == "close"
+    assert json.loads(body) == {"error": {"message": "the request did not arrive whole within 1s",
+                                          "type": "invalid_request_error", "param": None, "code": None}}
+    # A body the server cannot parse (a chunk size that is no number) after the head: 400, likewise.
+    status, headers, body = split(exchange(stack, (
+        b"POST /v1/decisions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + stack.project_key.encode()
+        + b"\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")))
+    assert status == 400 and headers["connection"] == "close"
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and error["message"].startswith("invalid HTTP request")
+    # Before the head is whole the endpoint is not known: Arbiter's shape (docs/api.md).
+    status, _, body = _slow_request(stack, b"POST /v1/decisions HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+    assert status == 408 and json.loads(body)["detail"]["error_type"] == "invalid_request_error"
+    status, _, body = split(exchange(stack, b"POST /v1/decisions HTTP/1.1\r\nHost: x\r\nX-Big: "
+                                     + b"a" * (4 * MAX_HEAD_BYTES)))
+    assert status == 431 and json.loads(body)["detail"]["error_type"] == "request_too_large"
+
+
 def test_a_slow_client_within_the_time_is_served(gateway_factory: Any, db: Any,
                                                  ollama: tuple[Any, Any]) -> None:
     server, _state = ollama

@@ -4,12 +4,18 @@ and over an Ollama too old for decision models (no version gate: it needs no /v1
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+import pytest
+
 from app.db.session import Database
 from app.tenancy.salts import TenantSalts
+from infra_adapters.emulators.answers import count_tokens, distribution
+from infra_adapters.emulators.generation import message_text
 from infra_adapters.emulators.logprobs_chat import token_id
 from infra_adapters.emulators.ollama_state import OllamaState
 from infra_adapters.emulators.server import EmulatorServer
@@ -72,7 +78,8 @@ def test_a_vllm_generation_model_answers_by_label_reading(vllm_stack: Stack) -> 
         assert read["messages"][-1] == {"role": "assistant", "content": "Answer:"}
         assert read["cache_salt"] == salt
     choice = next(r for r in reads if "Options:\nA: billing" in r["messages"][0]["content"])
-    assert choice["logprob_token_ids"] == [token_id("A"), token_id("B")] == choice["allowed_token_ids"]
+    both = [token_id("A"), token_id(" A"), token_id("B"), token_id(" B")]  # each label, then its " X" spelling
+    assert choice["logprob_token_ids"] == both == choice["allowed_token_ids"]
 
     # The tokenizer is read once per model: a second request asks for no token ids.
     again = len(state.requests)
@@ -80,8 +87,87 @@ def test_a_vllm_generation_model_answers_by_label_reading(vllm_stack: Stack) -> 
     assert [r.path for r in state.requests[again:]].count("/tokenize") == 0
 
 
+def test_leading_space_labels_count_in_full_whatever_their_rank(vllm_stack: Stack) -> None:
+    # After "Answer:" a BPE model puts most of a label's weight on " X"; with 24 options most of
+    # those fall out of the top 20 logprobs, yet each must count towards its label.
+    state: VllmState = vllm_stack.extra["state"]
+    _labels_on(vllm_stack, QWEN)
+    state.label_space_share, state.label_mass = 0.9, 0.95
+    body = decision(QWEN, questions={"team": {"type": "choice", "instructions": "Which team?",
+                                              "criteria": {f"team{i}": None for i in range(24)}}})
+    response = vllm_stack.client().post("/v1/systemone", json=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    (read,) = [r.json for r in state.requests if r.path == "/v1/chat/completions"]
+    prompt = read["messages"][0]["content"]
+    names = [chr(ord("A") + i) for i in range(24)]
+    truth = distribution(prompt, "choice", None, names).probs
+    assert list(answer["answers"]["team"]["probabilities"].values()) == pytest.approx(truth)
+    assert answer["diagnostics"]["team"]["label_mass"] == pytest.approx(0.95)
+    assert answer["answers"]["team"]["confidence"] == pytest.approx(max(truth) * 0.95)
+
+
 def _project_id(stack: Stack) -> int:
     return int(stack.client("admin").get("/admin/projects/acme").json()["id"])
+
+
+def test_the_callers_own_cache_salt_is_combined_into_every_read(vllm_stack: Stack) -> None:
+    state: VllmState = vllm_stack.extra["state"]
+    _labels_on(vllm_stack, QWEN)
+    tenant = TenantSalts(vllm_stack.gateway.settings).of(_project_id(vllm_stack))
+    for own in ("end-user-42", "end-user-43"):
+        before = len(state.requests)
+        response = vllm_stack.client().post("/v1/systemone", json=decision(QWEN, cache_salt=own))
+        assert response.status_code == 200, response.text
+        reads = [r.json for r in state.requests[before:] if r.path == "/v1/chat/completions"]
+        assert len(reads) == 3
+        # As /v1/systemone sends it to vLLM: one tenant's users do not share a prefix cache either.
+        assert {r["cache_salt"] for r in reads} == {hashlib.sha256(f"{tenant}:{own}".encode()).hexdigest()}
+
+
+def test_thinking_stays_off_and_turning_it_on_is_a_400(vllm_stack: Stack) -> None:
+    state: VllmState = vllm_stack.extra["state"]
+    _labels_on(vllm_stack, QWEN)
+    before = len(state.requests)
+    thinking = vllm_stack.client().post("/v1/systemone", json=decision(
+        QWEN, chat_template_kwargs={"enable_thinking": True}))
+    assert_error(thinking, 400, "invalid_request_error")
+    assert "enable_thinking" in thinking.json()["error"] and "first token" in thinking.json()["error"]
+    assert "/v1/chat/completions" not in [r.path for r in state.requests[before:]]  # refused before any read
+    off = vllm_stack.client().post("/v1/systemone", json=decision(
+        QWEN, chat_template_kwargs={"enable_thinking": False, "custom": 1}))
+    assert off.status_code == 200, off.text
+    reads = [r.json for r in state.requests[before:] if r.path == "/v1/chat/completions"]
+    assert len(reads) == 3 and all(r["chat_template_kwargs"] == {"enable_thinking": False} for r in reads)
+
+
+def _cached(state: VllmState, reads: int) -> int:
+    """What the emulator's prefix cache holds of the last ``reads`` reads: every token, when each
+    was read before under the same salt."""
+    sent = [r.json for r in state.requests if r.path == "/v1/chat/completions"][-reads:]
+    return sum(count_tokens("".join(message_text(m["content"]) for m in r["messages"])) for r in sent)
+
+
+def test_prefix_cache_hits_are_counted_and_kept_per_salt(vllm_stack: Stack) -> None:
+    state: VllmState = vllm_stack.extra["state"]
+    state.prefix_caching = True
+    _labels_on(vllm_stack, QWEN)
+    body = decision(QWEN, questions={"urgent": {"type": "noul", "instructions": "Reply within the hour?"}})
+    first = vllm_stack.client().post("/v1/systemone", json=body)
+    assert first.status_code == 200, first.text
+    assert first.json()["usage"]["input_tokens_details"] == {"cached_tokens": 0}
+    again = vllm_stack.client().post("/v1/systemone", json=body).json()["usage"]
+    assert again["input_tokens_details"] == {"cached_tokens": _cached(state, 1)} and _cached(state, 1) > 0
+    # The OpenAI Decisions API reports them as its cached_tokens.
+    openai = {"model": QWEN, "input": "My card was charged twice.", "questions": QUESTIONS}
+    assert vllm_stack.client().post("/v1/decisions", json=openai).status_code == 200
+    usage = vllm_stack.client().post("/v1/decisions", json=openai).json()["usage"]
+    assert usage["input_tokens_details"]["cached_tokens"] == _cached(state, 3) > 0
+    # Another project's reads are salted apart: nothing of the first project's is a hit for it.
+    other = vllm_stack.new_project("other")
+    with vllm_stack.client(other) as client:
+        assert client.post("/v1/systemone", json=body).json()["usage"]["input_tokens_details"] == {
+            "cached_tokens": 0}
 
 
 def test_what_labels_cannot_read_is_a_400(vllm_stack: Stack) -> None:
@@ -169,6 +255,33 @@ def test_the_backends_own_answers_to_reads_are_judged_as_any_backends(vllm_stack
     assert vllm_stack.client().post("/v1/systemone", json=decision(QWEN)).status_code == 503
     state.faults.reset()
     assert_error(vllm_stack.client().post("/v1/systemone", json=decision(QWEN)), 503, "backend_error")
+
+
+def _chat_answer(logprobs: Any) -> bytes:
+    return orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion", "model": QWEN,
+                         "choices": [{"index": 0, "message": {"role": "assistant", "content": "yes"},
+                                      "logprobs": logprobs, "finish_reason": "length"}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
+
+
+def test_a_200_without_logprobs_is_a_502_that_takes_nothing_out(vllm_stack: Stack) -> None:
+    state: VllmState = vllm_stack.extra["state"]
+    _labels_on(vllm_stack, QWEN)
+    assert vllm_stack.client().post("/v1/systemone", json=decision(QWEN)).status_code == 200  # token ids known
+    # A server that ignores `logprobs` (null), or answers them empty: the backend is up, the answer unusable.
+    for logprobs in (None, {"content": []}):
+        state.faults.status, state.faults.body = 200, _chat_answer(logprobs)
+        response = vllm_stack.client().post("/v1/systemone", json=decision(QWEN))
+        assert_error(response, 502, "backend_error")
+        assert "no logprobs" in response.json()["error"] and "label reading needs them" in response.json()["error"]
+        state.faults.reset()
+        assert vllm_stack.client().post("/v1/systemone", json=decision(QWEN)).status_code == 200  # not backed off
+    state.faults.status, state.faults.body = 200, _chat_answer(None)
+    openai = vllm_stack.client().post("/v1/decisions", json={"model": QWEN, "input": "x", "questions": QUESTIONS})
+    assert openai.status_code == 502 and "no logprobs" in openai.json()["error"]["message"]
+    state.faults.reset()
+    assert vllm_stack.client().post("/v1/decisions", json={"model": QWEN, "input": "x",
+                                                           "questions": QUESTIONS}).status_code == 200
 
 
 def test_media_and_the_openai_decisions_api_on_a_label_read_model(vllm_stack: Stack) -> None:

@@ -53,7 +53,14 @@ def expected(request: dict[str, Any], qtype: str) -> tuple[list[str], list[float
     return found, distribution(prompt, qtype, None, found).probs
 
 
-ALL_IDS = {label: [token_id(label)] for label in [*string.ascii_uppercase, *string.digits, "yes", "no"]}
+# What label reading finds with the emulator's /tokenize: every spelling of every label, one token.
+ALL_IDS = {spelling: [token_id(spelling)] for label in [*string.ascii_uppercase, *string.digits, "yes", "no"]
+           for spelling in labels.spellings(label)}
+
+
+def ids_of(*names: str) -> list[int]:
+    """The ids sent for these labels: each one's own token, then its leading-space variant."""
+    return [token_id(spelling) for name in names for spelling in (name, " " + name)]
 
 
 def test_prompts_state_first_labels_and_instruction(vllm: Emulator) -> None:
@@ -94,9 +101,9 @@ def test_token_ids_sent_and_the_maths(vllm: Emulator) -> None:
     out = run(server, decision(MODEL), ALL_IDS)
     sent = {r["messages"][0]["content"].split("\n")[2]: r for r in chats(state)}
     team, urgent, tone = sent["Which team?"], sent["Reply within the hour?"], sent["How upset?"]
-    assert team["logprob_token_ids"] == team["allowed_token_ids"] == [token_id("A"), token_id("B")]
-    assert urgent["logprob_token_ids"] == [token_id("yes"), token_id("no")]
-    assert tone["logprob_token_ids"] == [token_id("0"), token_id("1"), token_id("2")]
+    assert team["logprob_token_ids"] == team["allowed_token_ids"] == ids_of("A", "B")
+    assert urgent["logprob_token_ids"] == ids_of("yes", "no")
+    assert tone["logprob_token_ids"] == ids_of("0", "1", "2")
 
     answers = out["answers"]
     _, probs = expected(team, "choice")
@@ -120,7 +127,7 @@ def test_token_ids_sent_and_the_maths(vllm: Emulator) -> None:
         assert out["diagnostics"][qid] == {"label_mass": pytest.approx(0.75), "argmax_is_label": True}
     # the reads' prompt tokens summed (the emulator counts them with prompt_tokens); one output each
     assert out["usage"] == {"input_tokens": sum(prompt_tokens(r["messages"]) for r in chats(state)),
-                            "output_tokens": 3}
+                            "output_tokens": 3, "input_tokens_details": {"cached_tokens": 0}}
 
 
 def test_leading_space_variants_are_summed(vllm: Emulator) -> None:
@@ -132,6 +139,25 @@ def test_leading_space_variants_are_summed(vllm: Emulator) -> None:
     assert out["answers"]["team"]["probabilities"] == pytest.approx(
         {"billing": probs[0], "shipping": probs[1]})
     assert out["diagnostics"]["team"]["label_mass"] == pytest.approx(0.9)
+
+
+def test_leading_space_variants_are_read_by_token_id_whatever_their_rank(vllm: Emulator) -> None:
+    server, state = vllm
+    state.label_space_share, state.label_mass = 0.9, 0.95  # after "Answer:", most weight is on " A"
+    out = run(server, choice_of(24), ALL_IDS)
+    (request,) = chats(state)
+    assert request["logprob_token_ids"] == request["allowed_token_ids"] == ids_of(*string.ascii_uppercase[:24])
+    _, probs = expected(request, "choice")
+    # 24 labels in two spellings: most " X" are out of the top 20, yet every one counts in full.
+    assert list(out["answers"]["pick"]["probabilities"].values()) == pytest.approx(probs)
+    assert out["diagnostics"]["pick"]["label_mass"] == pytest.approx(0.95)
+
+
+def test_a_one_token_label_whose_spaced_spelling_is_two_tokens_is_read_as_written(vllm: Emulator) -> None:
+    server, state = vllm
+    run(server, decision(MODEL), {**ALL_IDS, " A": [5032, token_id("A")]})
+    team = next(r for r in chats(state) if "Which team?" in prompt_of(r))
+    assert team["logprob_token_ids"] == [token_id("A"), *ids_of("B")]
 
 
 def test_low_label_mass_means_argmax_is_not_a_label(vllm: Emulator) -> None:

@@ -11,7 +11,9 @@ import orjson
 from prometheus_client import generate_latest
 from sqlalchemy import func, select
 
+from app.api.asgi import Receive, Scope, Send, send_bytes
 from app.db.models import AuditEntry, UsageRecord
+from app.errors import NotFound
 from app.mesh.auth import MeshAuth
 from tests.api.public.openai_sdk import QUESTIONS, TICKET
 from tests.mesh.conftest import MESH_KEY, Node
@@ -300,6 +302,38 @@ def test_the_openai_decisions_api_goes_through_the_mesh(mesh_node: Callable[...,
     assert [x["name"] for x in answer.json()["answers"]] == ["damaged", "department", None]
     wait_for(lambda: any(r.operation == "decision" and r.provider == "mesh" and r.status == 200
                          for r in _usage(a)))
+
+
+def test_a_peer_that_predates_the_openai_decisions_api_gets_it_as_system_one(
+        mesh_node: Callable[..., Node]) -> None:
+    b = mesh_node("node-b", models={"nimble": ["decision"]})
+    a = mesh_node("node-a", peers=[b.url])
+    wait_for(lambda: _answers(a, "nimble"))
+
+    async def unknown_route(scope: Scope, receive: Receive, send: Send) -> None:
+        # What an Arbiter from before /v1/decisions answers there: its unknown-route 404.
+        error = NotFound(f"no route {scope['method']} {scope['path']}")
+        await send_bytes(send, 404, error.body(), "application/json")
+
+    b.gateway.app.openai_decisions = unknown_route
+    before = len(b.ollama.requests)
+    body = {"model": "nimble", "input": TICKET, "questions": QUESTIONS}
+    response = a.client().post("/v1/decisions", json=body)
+    assert response.status_code == 200, response.text
+    assert [x["name"] for x in response.json()["answers"]] == ["damaged", "department", None]
+    asked = [r.json for r in b.ollama.requests[before:] if r.path == "/v1/systemone"]  # not B's syncs
+    assert len(asked) == 1 and list(asked[0]["questions"]) == ["damaged", "department", "questions[2]"]
+    # The route's own 404 (the model gone from the peer) is not a missing route: it comes back.
+    gone = b'{"error":{"message":"model \'nimble\' is not installed","type":"not_found_error","param":null}}'
+
+    async def model_gone(scope: Scope, receive: Receive, send: Send) -> None:
+        await send_bytes(send, 404, gone, "application/json")
+
+    b.gateway.app.openai_decisions = model_gone
+    before = len(b.ollama.requests)
+    missing = a.client().post("/v1/decisions", json=body)
+    assert missing.status_code == 404 and missing.json()["error"]["message"] == "model 'nimble' is not installed"
+    assert "/v1/systemone" not in [r.path for r in b.ollama.requests[before:]]
 
 
 def test_a_peer_that_only_connects_here_is_dropped_when_it_falls_silent(mesh_node: Callable[..., Node]) -> None:

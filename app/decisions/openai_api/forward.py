@@ -3,8 +3,9 @@
 
 - A backend with its own ``/v1/decisions`` (vLLM: ``route("openai-decisions")``) gets the body
   straight, with ``model`` set to its name for the model and, for vLLM, the project's prefix-cache
-  salt (as ``/v1/systemone`` gets it). A vLLM that predates the route answers FastAPI's 404;
-  the request is then translated onto its ``/v1/systemone`` instead.
+  salt (as ``/v1/systemone`` gets it); so does a mesh peer. A vLLM or a peer that predates the
+  route answers its unknown-route 404 (``decisions_unsupported``); the request is then translated
+  onto its ``/v1/systemone`` instead.
 - Any other backend gets the request translated onto ``/v1/systemone``, and its answer is
   translated back (``translate``).
 Either way what comes back is an OpenAI answer, so token counts and ``model`` are read as usual.
@@ -47,13 +48,8 @@ async def _translated(backend: Backend, body: dict[str, Any], call: CallOptions)
     reply = await backend.systemone(request, call)
     if reply.status != 200:
         return reply
-    try:
-        answer = orjson.loads(reply.body)
-    except orjson.JSONDecodeError:
-        return reply  # not JSON: the Forwarder makes it a 502
-    if not isinstance(answer, dict):
-        return reply
-    converted = translate.from_systemone(answer, asked, body["model"])
+    # Translated or a 502: a System One answer never goes back on this endpoint as it came.
+    converted = translate.from_systemone(translate.read_answer(reply.body), asked, body["model"])
     return Reply(200, "application/json", orjson.dumps(converted))
 
 

@@ -15,9 +15,12 @@ unique, else as ``questions[i]``; answers come back in question order either way
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from app.errors import BackendFailed
 
@@ -99,6 +102,28 @@ def to_systemone(body: dict[str, Any]) -> tuple[dict[str, Any], list[Asked]]:
             asked.append(Asked(qid, qtype, name))
         questions[qid] = asked_as
     return {"model": body["model"], "state": state_of(body["input"]), "questions": questions}, asked
+
+
+def read_answer(body: bytes) -> dict[str, Any]:
+    """A backend's System One answer as an object; BackendFailed (502) when it is not a JSON object.
+
+    What orjson refuses although it is JSON (a number past a double's range such as ``1e400``, a
+    lone surrogate escape) is read by the standard library's parser, which gives numbers as floats,
+    as the translation reads them (``jsonbody`` would keep them as text)."""
+    try:
+        answer = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        try:
+            answer = json.loads(body, parse_constant=_not_json)
+        except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            answer = None
+    if not isinstance(answer, dict):
+        raise _unreadable("it is not a JSON object")
+    return answer
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def from_systemone(answer: dict[str, Any], asked: list[Asked], model: str) -> dict[str, Any]:

@@ -165,3 +165,26 @@ def test_backend_errors_in_openai_shape(stack: Stack) -> None:
     assert "has no answer" in error["message"]
     faults.reset()
     assert create(stack).model == "nimble"
+
+
+def test_a_system_one_answer_orjson_refuses_is_translated_or_a_502_never_passed_on(stack: Stack) -> None:
+    faults = stack.ollama_state.faults
+    body = {"model": "nimble", "input": "x",
+            "questions": [{"type": "predicate", "name": "damaged", "instructions": "Damaged?"}]}
+    answer = (b'{"model":"nimble:latest","answers":{"damaged":{"type":"noul","noul":%s}},'
+              b'"usage":{"input_tokens":5,"output_tokens":1},"x":%s}')
+    # Valid JSON past a double's range (or a lone surrogate) in a field the translation does not read.
+    for extra in (b"1e400", b'"\\ud800"'):
+        faults.status, faults.body, faults.content_type = 200, answer % (b"0.3", extra), "application/json"
+        response = raw(stack, body)
+        assert response.status_code == 200, response.text
+        assert response.json() == {
+            "model": "nimble", "answers": [{"type": "predicate", "name": "damaged", "probability": 0.3}],
+            "usage": {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                      "output_tokens": 1, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 6}}
+    # Where the translation needs the number, or the answer is no JSON object: a 502 in OpenAI's shape.
+    for broken in (answer % (b"1e400", b"1"), b"[1e400]", answer % (b"0.3", b"NaN")):
+        faults.body = broken
+        error = openai_error(raw(stack, body), 502, "backend_error")
+        assert "cannot be read as an OpenAI decision" in error["message"]
+    faults.reset()

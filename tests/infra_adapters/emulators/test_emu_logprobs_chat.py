@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from infra_adapters.emulators.answers import distribution
+from infra_adapters.emulators.answers import count_tokens, distribution
 from infra_adapters.emulators.logprobs_chat import FILLERS, token_id
 from infra_adapters.emulators.vllm import VllmState
 
@@ -66,3 +66,22 @@ def test_refusals_and_plain_chat(vllm_client: httpx.Client) -> None:
     plain = vllm_client.post("/v1/chat/completions", json={"model": MODEL, "messages": [
         {"role": "user", "content": "hello"}]}).json()
     assert plain["choices"][0]["logprobs"] is None
+
+
+def test_prefix_cache_hits_are_reported_per_cache_salt(vllm_client: httpx.Client, vllm: VllmState) -> None:
+    def usage(**extra: Any) -> Any:
+        resp = vllm_client.post("/v1/chat/completions", json=_read(**extra))
+        assert resp.status_code == 200, resp.text
+        return resp.json()["usage"]
+
+    assert usage()["prompt_tokens_details"] is None  # no prefix caching: no details, as vLLM
+    vllm.prefix_caching = True
+    whole = count_tokens(PROMPT + "Answer:")
+    assert usage(cache_salt="a")["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert usage(cache_salt="a")["prompt_tokens_details"] == {"cached_tokens": whole}
+    assert usage(cache_salt="b")["prompt_tokens_details"] == {"cached_tokens": 0}  # a salt keeps its own cache
+    other = _read(cache_salt="a")
+    other["messages"][0]["content"] = PROMPT.replace("Which team?", "Which queue?")
+    resp = vllm_client.post("/v1/chat/completions", json=other)
+    shared = count_tokens("My card was charged twice.\n\nWhich ")  # the common prefix
+    assert resp.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": shared}
