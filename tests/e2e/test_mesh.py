@@ -85,7 +85,7 @@ def make_node(tmp_path: Path) -> Iterator[Any]:
         url = f"http://127.0.0.1:{free_port()}"
         env = {**environment(database_url), "ARBITER_MESH_KEY": mesh_key, "ARBITER_MESH_NODE_NAME": name,
                "ARBITER_MESH_URL": url, "ARBITER_MESH_PEERS": ",".join(p.url for p in peers),
-               "ARBITER_FLUSH_INTERVAL": "0.2", "ARBITER_SECRET_KEY": "e2e"}
+               "ARBITER_FLUSH_INTERVAL": "0.2", "ARBITER_SECRET_KEY": "e2e-secret-key-of-the-tests"}
         run(["migrate"], env)
         run(["service", "add", "--type", "ollama", "--url", emulator.url, "--name", "ollama"], env)
         run(["project", "create", f"shop-{name}"], env)

@@ -60,7 +60,7 @@ def cluster(db: Database) -> Iterator[Cluster]:
     url = db.engine.url.render_as_string(hide_password=False).replace("postgresql+psycopg://", "postgresql://")
     env = {**environment(url), "ARBITER_REDIS_URL": REDIS, "ARBITER_SYNC_INTERVAL": "0.5",
            "ARBITER_KEY_CACHE_TTL": "300", "ARBITER_REGISTRY_REFRESH_INTERVAL": "300",
-           "ARBITER_FLUSH_INTERVAL": "0.2", "ARBITER_SECRET_KEY": "e2e"}
+           "ARBITER_FLUSH_INTERVAL": "0.2", "ARBITER_SECRET_KEY": "e2e-secret-key-of-the-tests"}
     run(["service", "add", "--type", "ollama-external", "--url", emulator.url, "--name", "ollama"], env)
     run(["project", "create", "shop"], env)
     key = run(["key", "create", "--project", "shop"], env).stdout.strip().splitlines()[-1]
