@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,6 +202,38 @@ def by_id(rows: Iterable[R], row_id: int, missing: str) -> R:
     if found is None:
         raise NotFound(missing)
     return found
+
+
+MESH_WARNING = "mesh_warning"
+_API_HINT = re.compile(r"\s*Send the request again with \"confirm\": true to install anyway\.")
+
+
+def mesh_check(c: Components, capabilities: list[str]) -> None:
+    """The mesh's check before a decision model comes (as the admin API runs it): a 409
+    ``mesh_warning`` when a known peer is too old for it. Nothing without a mesh."""
+    check = getattr(getattr(c, "mesh", None), "check_decision_install", None)
+    if check is not None:
+        check(capabilities)
+
+
+def mesh_guard(c: Components, confirmed: bool) -> Callable[[list[str]], None] | None:
+    """The guard for a change that may bring a decision model; none once the admin confirmed."""
+    return None if confirmed else (lambda capabilities: mesh_check(c, capabilities))
+
+
+def is_mesh_warning(error: Exception) -> bool:
+    return isinstance(error, ArbiterError) and error.error_type == MESH_WARNING
+
+
+def mesh_warning(error: Exception, action: str, button: str, cancel: str, fields: dict[str, str], *,
+                 lists: dict[str, list[str]] | None = None, secret: str = "") -> dict[str, Any]:
+    """The "Warning from the mesh" panel (macros.html mesh_warning): the reason without the API's
+    hint, and a form that sends ``fields`` again to ``action`` with confirm=true. ``secret`` names a
+    field that is never sent back: the panel asks for it again."""
+    text = _API_HINT.sub("", error.message if isinstance(error, ArbiterError) else str(error))
+    return {"message": text, "action": action, "button": button, "cancel": cancel,
+            "fields": {k: v for k, v in fields.items() if k not in ("confirm", secret, *(lists or {}))},
+            "lists": lists or {}, "secret": secret}
 
 
 def check_csrf_header(request: Request, admin: Admin) -> None:

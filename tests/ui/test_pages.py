@@ -272,3 +272,117 @@ def test_label_reading_is_turned_on_and_off_on_a_card(ui: httpx.Client, stack: S
     off = post(ui, f"/ui/models/{llama['id']}", "/ui/models", read_strategy="native")
     assert off.status_code == 303
     assert stack.client().post("/v1/systemone", json=decision("llama3.2")).status_code == 400
+
+
+def _warn_always(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The mesh warns before every decision model (a known peer too old for them)."""
+    class MeshWarning(Conflict):
+        error_type = "mesh_warning"
+
+    calls: list[list[str]] = []
+
+    def check(capabilities: list[str]) -> None:
+        calls.append(capabilities)
+        if "decision" in capabilities:
+            raise MeshWarning("mesh peer old-node (version 0.1.0) does not know decision models. "
+                              "Send the request again with \"confirm\": true to install anyway.")
+
+    mesh = getattr(stack.gateway.app.components, "mesh", None)
+    if mesh is None:
+        pytest.skip("this build has no mesh")
+    monkeypatch.setattr(mesh, "check_decision_install", check)
+    return calls
+
+
+def _anyway(page: httpx.Response) -> list[tuple[str, str]]:
+    form = page.text.split('id="mesh-warning"')[1].split("</form>")[0]
+    return re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form)
+
+
+def test_the_mesh_warns_before_a_service_with_decision_models(ui: httpx.Client, stack: Stack,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a service that serves decision models: the same 409 mesh_warning as POST /admin/services,
+    nothing added, and "Add anyway" adds it with confirm=true."""
+    calls = _warn_always(stack, monkeypatch)
+    with EmulatorServer(make_ollama_app(OllamaState())) as server:
+        warned = post(ui, "/ui/services", "/ui/services", type="ollama-external", url=server.url,
+                      name="second", timeout="33")
+        assert warned.status_code == 409 and calls and "decision" in calls[0]
+        assert "old-node (version 0.1.0) does not know decision models" in warned.text
+        assert "second</a>" not in warned.text  # nothing added
+        fields = dict(_anyway(warned))
+        assert fields["confirm"] == "true" and fields["url"] == server.url and fields["timeout"] == "33"
+        assert "Add anyway" in warned.text
+        secret = post(ui, "/ui/services", "/ui/services", type="ollama-external", url=server.url, name="second",
+                      api_key="s3cr3t-key")
+        assert secret.status_code == 409 and "s3cr3t-key" not in secret.text  # never sent back: asked again
+        assert 'id="mesh-warning-api_key" name="api_key" type="password"' in secret.text
+        anyway = ui.post("/ui/services", data=fields)
+        assert anyway.status_code == 303, alerts(anyway)
+        assert "second</a>" in ui.get("/ui/services").text
+
+
+def test_the_mesh_warns_before_label_reading(ui: httpx.Client, stack: Stack,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Label reading makes a decision model: the card's change warns as PATCH /admin/models does."""
+    calls = _warn_always(stack, monkeypatch)
+    models = stack.client("admin").get("/admin/models").json()["data"]
+    llama = next(m for m in models if m["public_name"] == "llama3.2")
+    warned = post(ui, f"/ui/models/{llama['id']}", "/ui/models", read_strategy="labels")
+    assert warned.status_code == 409 and calls
+    assert "decisions by label reading" not in warned.text  # nothing changed
+    fields = dict(_anyway(warned))
+    assert fields["confirm"] == "true" and fields["read_strategy"] == "labels" and "Save anyway" in warned.text
+    assert f'action="/ui/models/{llama["id"]}"' in warned.text.split('id="mesh-warning"')[1]
+    assert ui.post(f"/ui/models/{llama['id']}", data=fields).status_code == 303
+    assert "decisions by label reading" in ui.get("/ui/models").text
+
+
+def test_the_mesh_warning_keeps_custom_capabilities(ui: httpx.Client, stack: Stack,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    _warn_always(stack, monkeypatch)
+    sid = str(service_id(ui, "ollama"))
+    token = csrf_of(ui.get("/ui/models").text)
+    warned = ui.post("/ui/models/install", data={"csrf": token, "form": "custom", "model": "mine", "service": sid,
+                                                 "capabilities": ["decision", "embedding"]})
+    assert warned.status_code == 409
+    assert ("capabilities", "decision") in _anyway(warned) and ("capabilities", "embedding") in _anyway(warned)
+    custom = warned.text.split('id="custom"')[1]
+    assert custom.count(" checked>") == 2 and 'value="mine"' in custom  # the form below keeps them too
+
+
+def test_failed_changes_keep_what_was_typed(ui: httpx.Client, stack: Stack) -> None:
+    sid = service_id(ui, "ollama")
+    page = f"/ui/services/{sid}"
+    bad = post(ui, page, page, timeout="99999", text_limit="4096")
+    assert bad.status_code == 400
+    change = bad.text.split('id="change"')[1]
+    assert 'value="99999"' in change and 'value="4096"' in change
+    models = stack.client("admin").get("/admin/models").json()["data"]
+    nimble = next(m for m in models if m["public_name"] == "nimble")
+    card = post(ui, f"/ui/models/{nimble['id']}", "/ui/models", public_name="renamed", timeout="-3")
+    assert card.status_code == 400
+    form = card.text.split(f'action="/ui/models/{nimble["id"]}"')[1].split("</form>")[0]
+    assert 'value="renamed"' in form and 'value="-3"' in form
+    assert "<details open>" in card.text.split(f'data-model="{nimble["id"]}"')[1].split("</details>")[0]
+
+
+def test_a_model_timeout_is_removed(ui: httpx.Client, stack: Stack) -> None:
+    models = stack.client("admin").get("/admin/models").json()["data"]
+    nimble = next(m for m in models if m["public_name"] == "nimble")
+    assert 'name="clear_timeout"' not in ui.get("/ui/models").text  # nothing to remove yet
+    assert post(ui, f"/ui/models/{nimble['id']}", "/ui/models", timeout="12").status_code == 303
+    page = ui.get("/ui/models").text
+    assert "timeout 12.0 s" in page and 'name="clear_timeout"' in page
+    assert post(ui, f"/ui/models/{nimble['id']}", "/ui/models", clear_timeout="1").status_code == 303
+    assert stack.client("admin").get(f"/admin/models/{nimble['id']}").json()["timeout"] is None
+
+
+def test_refresh_of_a_service_that_is_down_says_so(ui: httpx.Client, stack: Stack) -> None:
+    with EmulatorServer(make_ollama_app(OllamaState())) as server:
+        assert post(ui, "/ui/services", "/ui/services", type="ollama-external", url=server.url,
+                    name="brief", confirm="true").status_code == 303
+        sid = service_id(ui, "brief")
+    down = post(ui, f"/ui/services/{sid}/refresh", f"/ui/services/{sid}")
+    assert down.status_code == 502 and "Could not read the service" in alerts(down)["refresh"]
+    assert "Version and models read again." not in down.text
