@@ -49,12 +49,13 @@ async def list_page(request: Request) -> Response:
 
 
 async def _list(request: Request, admin: Admin, *, status: int = 200, error: str | None = None,
-                values: dict[str, str] | None = None) -> Response:
+                values: dict[str, str] | None = None, current: Any = "all") -> Response:
     def work(s: Session) -> tuple[list[dict[str, Any]], list[str]]:
         return [tenancy.project_view(p) for p in tenancy.list_projects(s)], _model_names(s)
     projects, names = await components(request).in_session(work)
-    return render(request, "projects.html", admin, status=status, projects=projects, model_names=names,
-                  error=error, values=values or {})
+    chosen = current if isinstance(current, list) else []
+    return render(request, "projects.html", admin, status=status, projects=projects,
+                  model_names=sorted(set(names) | set(chosen)), error=error, values=values or {}, current=current)
 
 
 @router.post("/projects")
@@ -67,7 +68,9 @@ async def create(request: Request) -> Response:
         project_id = await components(request).in_session(lambda s: tenancy.create_project(
             s, body.name, admin.actor, models=body.models, organization=body.organization).id)
     except FORM_ERRORS as exc:
-        return await _list(request, admin, status=400, error=message(exc), values=form.values())
+        # The allowlist comes back as it was submitted (never widened to "all"): ticked and typed names ticked.
+        return await _list(request, admin, status=400, error=message(exc), values=form.values(),
+                           current=_allowlist(form))
     return redirect(f"/ui/projects/{project_id}?done=created")
 
 
@@ -81,16 +84,17 @@ def _allowlist(form: Form) -> Any:
 
 async def _detail(request: Request, admin: Admin, project_id: int, *, status: int = 200,
                   errors: dict[str, str] | None = None, new_key: dict[str, Any] | None = None,
-                  done: str = "") -> Response:
+                  done: str = "", values: dict[str, str] | None = None, current: Any = None) -> Response:
     def work(s: Session) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
         project = _project(s, project_id)
         keys = [tenancy.key_view(k, project.name) for k in tenancy.list_keys(s, project=project.name)]
         return tenancy.project_view(project), keys, _model_names(s)
     project, keys, names = await components(request).in_session(work)
-    allowed = project["models"] if isinstance(project["models"], list) else []
+    current = project["models"] if current is None else current
+    allowed = current if isinstance(current, list) else []
     return render(request, "project.html", admin, status=status, project=project, keys=list(reversed(keys)),
                   model_names=sorted(set(names) | set(allowed)), errors=errors or {}, new_key=new_key,
-                  notice=NOTICES.get(done))
+                  notice=NOTICES.get(done), values=values or {}, current=current)
 
 
 @router.get("/projects/{project_id}")
@@ -107,8 +111,10 @@ async def _update(request: Request, project_id: int, form_id: str, fields: Any) 
         arguments = fields(form)
         await c.in_session(lambda s: tenancy.update_project(s, _project(s, project_id).name, admin.actor,
                                                             **arguments))
-    except FORM_ERRORS as exc:
-        return await _detail(request, admin, project_id, status=400, errors={form_id: message(exc)})
+    except FORM_ERRORS as exc:  # the form comes back as it was submitted
+        return await _detail(request, admin, project_id, status=400, errors={form_id: message(exc)},
+                             values={"form": form_id, **form.values()},
+                             current=_allowlist(form) if form_id == "models" else None)
     await c.changed_keys()
     done = form_id if form_id != "archive" else ("archived" if arguments["archived"] else "unarchived")
     return redirect(f"/ui/projects/{project_id}?done={done}")
@@ -158,7 +164,8 @@ async def create_key(request: Request, project_id: int) -> Response:
             return {**tenancy.key_view(key, project.name), "key": value}
         new_key = await c.in_session(work)
     except FORM_ERRORS as exc:
-        return await _detail(request, admin, project_id, status=400, errors={"key": message(exc)})
+        return await _detail(request, admin, project_id, status=400, errors={"key": message(exc)},
+                             values={"form": "key", **form.values()})
     return await _detail(request, admin, project_id, status=201, new_key=new_key)
 
 

@@ -386,3 +386,31 @@ def test_refresh_of_a_service_that_is_down_says_so(ui: httpx.Client, stack: Stac
     down = post(ui, f"/ui/services/{sid}/refresh", f"/ui/services/{sid}")
     assert down.status_code == 502 and "Could not read the service" in alerts(down)["refresh"]
     assert "Version and models read again." not in down.text
+
+
+def test_a_failed_project_form_keeps_its_allowlist(ui: httpx.Client, stack: Stack) -> None:
+    """A failed create gives back the allowlist as submitted, never "All models": fixing only the
+    name and sending it again must not make a project that may use every model."""
+    failed = post(ui, "/ui/projects", "/ui/projects", name="acme", scope="list", models="nimble",
+                  more_models="typed-one")
+    assert failed.status_code == 400 and "already exists" in alerts(failed)["create-project"]
+    form = failed.text.split('id="create-project"')[1].split("</form>")[0]
+    assert 'value="all" checked' not in form and 'value="list" checked' in form
+    ticked = re.findall(r'name="models" value="([^"]+)" checked', form)
+    assert ticked == ["nimble", "typed-one"]
+    fixed = dict(re.findall(r'name="(name|organization)" type="text" value="([^"]*)"', form))
+    assert fixed["name"] == "acme"
+
+
+def test_failed_project_changes_keep_what_was_typed(ui: httpx.Client, stack: Stack) -> None:
+    made = post(ui, "/ui/projects", "/ui/projects", name="typed", scope="all")
+    page = made.headers["location"].split("?")[0]
+    assert post(ui, f"{page}/limits", page, requests_per_minute="60").status_code == 303
+    limits = post(ui, f"{page}/limits", page, requests_per_minute="90", tokens_per_minute="many")
+    assert limits.status_code == 400
+    form = limits.text.split('id="limits"')[1].split("</form>")[0]
+    assert 'value="90"' in form and 'value="many"' in form and 'value="60"' not in form
+    key = post(ui, f"{page}/keys", page, name="ci-key", expires_at="2001-01-01T00:00")
+    assert key.status_code == 400
+    form = key.text.split('id="key"')[1].split("</form>")[0]
+    assert 'value="ci-key"' in form and 'value="2001-01-01T00:00"' in form
