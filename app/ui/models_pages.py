@@ -49,13 +49,21 @@ async def _page(request: Request, admin: Admin, *, status: int = 200, errors: di
                 [services.model_view(m, x) for m, x in services.all_models(s)])
     service_views, model_views = await c.in_session(work)
     installs = await c.installer.recent(20)
-    return render(request, "models.html", admin, status=status, catalog=_catalog(service_views),
+    rows = _catalog(service_views)
+    return render(request, "models.html", admin, status=status, catalog=rows,
                   services=service_views, cards=_cards(model_views), installs=installs,
                   installed=_installed(model_views),
                   gated=[s for s in service_views if not s["decisions_supported"]],
                   capability_choices=CAPABILITY_CHOICES, errors=errors or {}, warning=warning,
                   values=values or {}, checked=checked or [], notice=NOTICES.get(done), focus_install=install,
-                  edit=edit)
+                  edit=edit, summary=_summary(errors or {}, rows))
+
+
+def _summary(errors: dict[str, str], rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The errors for the summary at the top of the page: (the id of the error next to its form, text).
+    A catalog row's error is ``install-<row number>-error``, as models.html numbers the rows."""
+    rows_of = {f"install:{row['name']}": f"install-{n}" for n, row in enumerate(rows, 1)}
+    return [(f"{rows_of.get(form, form)}-error", text) for form, text in errors.items() if text]
 
 
 def _catalog(service_views: list[dict[str, Any]]) -> list[dict[str, Any]]:
