@@ -3,12 +3,13 @@ same calls as app/api/admin/tenancy.py, with its change notifications."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
-from app.api.admin.schemas import KeyCreate, ProjectCreate, ProjectUpdate
+from app.api.admin.schemas import KeyCreate, KeyRotate, ProjectCreate, ProjectUpdate
 from app.db.models import Project
 from app.errors import InvalidRequest
 from app.services import service as services
@@ -25,6 +26,7 @@ from app.ui.web import (
     redirect,
     render,
     signed_in,
+    ui_state,
     validated,
     whole,
 )
@@ -32,7 +34,9 @@ from app.ui.web import (
 router = APIRouter(route_class=UiRoute)
 NOTICES = {"created": "Project created.", "models": "Allowlist saved.", "limits": "Limits saved.",
            "archived": "Project archived: its keys get 403 until it is unarchived.",
-           "unarchived": "Project unarchived.", "revoked": "Key revoked: requests with it now get 401."}
+           "unarchived": "Project unarchived.", "revoked": "Key revoked: requests with it now get 401.",
+           "key": "Key created.", "rotated": "Key rotated.",
+           "shown": "The new key was shown once already; it is not shown again."}
 
 
 def _project(s: Session, project_id: int) -> Project:
@@ -82,12 +86,32 @@ def _allowlist(form: Form) -> Any:
     return sorted(set(form.getlist("models")) | set(typed))
 
 
+def _with_state(view: dict[str, Any]) -> dict[str, Any]:
+    """A key's state now: active, expired, revoked, or rotated (and working until its grace ends)."""
+    now = dt.datetime.now(dt.UTC)
+
+    def at(name: str) -> dt.datetime | None:
+        value = view.get(name)
+        moment = dt.datetime.fromisoformat(value) if value else None
+        return moment.replace(tzinfo=dt.UTC) if moment is not None and moment.tzinfo is None else moment
+    revoked, expires = at("revoked_at"), at("expires_at")
+    if revoked is not None and revoked <= now:
+        view["state"] = "revoked"
+    elif expires is not None and expires <= now:
+        view["state"] = "expired"
+    elif revoked is not None:  # a revocation set for later: a rotated key's grace period
+        view["state"] = "rotated" if view.get("replaced_by") else "ending"
+    else:
+        view["state"] = "active"
+    return view
+
+
 async def _detail(request: Request, admin: Admin, project_id: int, *, status: int = 200,
                   errors: dict[str, str] | None = None, new_key: dict[str, Any] | None = None,
                   done: str = "", values: dict[str, str] | None = None, current: Any = None) -> Response:
     def work(s: Session) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
         project = _project(s, project_id)
-        keys = [tenancy.key_view(k, project.name) for k in tenancy.list_keys(s, project=project.name)]
+        keys = [_with_state(tenancy.key_view(k, project.name)) for k in tenancy.list_keys(s, project=project.name)]
         return tenancy.project_view(project), keys, _model_names(s)
     project, keys, names = await components(request).in_session(work)
     current = project["models"] if current is None else current
@@ -99,7 +123,11 @@ async def _detail(request: Request, admin: Admin, project_id: int, *, status: in
 
 @router.get("/projects/{project_id}")
 async def detail_page(request: Request, project_id: int, done: str = "") -> Response:
-    return await _detail(request, await signed_in(request), project_id, done=done)
+    admin = await signed_in(request)
+    new_key = await ui_state(request).new_keys.take(admin.session, project_id)  # shown once, then gone
+    if new_key is None and done in ("key", "rotated"):
+        done = "shown"
+    return await _detail(request, admin, project_id, done=done, new_key=new_key)
 
 
 async def _update(request: Request, project_id: int, form_id: str, fields: Any) -> Response:
@@ -150,7 +178,8 @@ async def set_archived(request: Request, project_id: int) -> Response:
 
 @router.post("/projects/{project_id}/keys")
 async def create_key(request: Request, project_id: int) -> Response:
-    """A new project key, shown on this one page and never again."""
+    """A new project key: kept for one display and shown by the project page after the redirect
+    (Post/Redirect/Get), so a reload neither shows it again nor makes another."""
     admin = await signed_in(request)
     form = await posted(request, admin)
     c = components(request)
@@ -166,7 +195,35 @@ async def create_key(request: Request, project_id: int) -> Response:
     except FORM_ERRORS as exc:
         return await _detail(request, admin, project_id, status=400, errors={"key": message(exc)},
                              values={"form": "key", **form.values()})
-    return await _detail(request, admin, project_id, status=201, new_key=new_key)
+    await ui_state(request).new_keys.put(admin.session, project_id, new_key)
+    return redirect(f"/ui/projects/{project_id}?done=key")
+
+
+@router.post("/keys/{key_id}/rotate")
+async def rotate_key(request: Request, key_id: int) -> Response:
+    """As POST /admin/keys/{id}/rotate: a successor (shown once, as a new key is) and the old key
+    working on for the grace period."""
+    admin = await signed_in(request)
+    form = await posted(request, admin)
+    c = components(request)
+    project_id = whole(form, "project", "project") or 0
+    try:
+        grace = whole(form, "grace_minutes", "Grace period")
+        body = validated(KeyRotate, {} if grace is None else {"grace_seconds": grace * 60})
+
+        def work(s: Session) -> dict[str, Any]:
+            key = tenancy.get_key(s, key_id)
+            if key.project_id != project_id:
+                raise InvalidRequest("That key does not belong to this project; reload the page")
+            new, value = tenancy.rotate_key(s, c.hasher, key_id, admin.actor, grace_seconds=body.grace_seconds)
+            return {**tenancy.key_view(new, tenancy.key_project_name(s, new)), "key": value,
+                    "replaces": f"{key.prefix}…{key.last_four}", "old_until": tenancy.key_view(key)["revoked_at"]}
+        new_key = await c.in_session(work)
+    except FORM_ERRORS as exc:
+        return await _detail(request, admin, project_id, status=400, errors={f"key-{key_id}": message(exc)})
+    await c.changed_keys()
+    await ui_state(request).new_keys.put(admin.session, project_id, new_key)
+    return redirect(f"/ui/projects/{project_id}?done=rotated")
 
 
 @router.post("/keys/{key_id}/revoke")

@@ -29,6 +29,7 @@ from app.errors import ArbiterError, InvalidRequest, NotFound, TooLarge
 from app.tenancy import service as tenancy
 from app.tenancy.service import Actor
 from app.ui.session import COOKIE, COOKIE_PATH, CSRF_FIELD, CSRF_HEADER, SessionSigner, UiSession
+from app.ui.shelf import KeyShelf
 
 log = logging.getLogger("arbiter.ui")
 M = TypeVar("M", bound=BaseModel)
@@ -66,6 +67,7 @@ class UiState:
     def __init__(self, components: Components) -> None:
         secret = components.settings.secret_key
         self.signer = SessionSigner(secret.get_secret_value() if secret else None)
+        self.new_keys = KeyShelf(getattr(components, "redis", None), secret.get_secret_value() if secret else None)
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
                                      autoescape=select_autoescape(default=True, default_for_string=True),
                                      trim_blocks=True, lstrip_blocks=True)

@@ -3,6 +3,7 @@ version gating and the mesh warning show where they apply, and nothing unescaped
 
 from __future__ import annotations
 
+import datetime as dt
 import html
 import re
 import time
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.db.models import ApiKey
 from app.errors import Conflict
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
@@ -188,8 +190,9 @@ def test_projects_allowlists_limits_and_keys(ui: httpx.Client, stack: Stack) -> 
     past = post(ui, f"{page}/keys", page, expires_at="2001-01-01T00:00")
     assert past.status_code == 400 and "expires_at is in the past" in alerts(past)["key"]
     key = post(ui, f"{page}/keys", page, name="ci", expires_at="2099-01-01T00:00")
-    assert key.status_code == 201
-    value = re.search(r'value="(arb_proj_[A-Za-z0-9]{43})"', key.text).group(1)  # type: ignore[union-attr]
+    assert key.status_code == 303 and "arb_proj_" not in key.headers["location"]  # never in the URL
+    value = re.search(r'value="(arb_proj_[A-Za-z0-9]{43})"',  # type: ignore[union-attr]
+                      ui.get(key.headers["location"]).text).group(1)
     later = ui.get(page).text
     assert value not in later and f"{value[:13]}…{value[-4:]}" in later  # prefix and last four only
     archived = post(ui, f"{page}/archive", page, archived="true")
@@ -414,3 +417,62 @@ def test_failed_project_changes_keep_what_was_typed(ui: httpx.Client, stack: Sta
     assert key.status_code == 400
     form = key.text.split('id="key"')[1].split("</form>")[0]
     assert 'value="ci-key"' in form and 'value="2001-01-01T00:00"' in form
+
+
+def _keys_of(stack: Stack, project: str) -> list[dict[str, Any]]:
+    with stack.client("admin") as admin:
+        return admin.get(f"/admin/projects/{project}/keys").json()["data"]  # type: ignore[no-any-return]
+
+
+def test_a_new_key_is_shown_once_and_a_reload_makes_no_other(ui: httpx.Client, stack: Stack) -> None:
+    """Post/Redirect/Get: the key is kept for one display; reloading the page it landed on shows
+    nothing new and creates nothing."""
+    made = post(ui, "/ui/projects", "/ui/projects", name="prg", scope="all")
+    page = made.headers["location"].split("?")[0]
+    created = post(ui, f"{page}/keys", page, name="once")
+    assert created.status_code == 303
+    landing = created.headers["location"]
+    first = ui.get(landing)
+    value = re.search(r'value="(arb_proj_[A-Za-z0-9]{43})"', first.text)
+    assert first.status_code == 200 and value is not None and "Key created." in first.text
+    again = ui.get(landing)  # the reload
+    assert value.group(1) not in again.text and 'id="new-key-value"' not in again.text
+    assert "shown once already" in again.text
+    assert len(_keys_of(stack, "prg")) == 1
+    with closing(ui_sign_in(stack.gateway.url, stack.admin_key)) as other:  # another session: nothing
+        created = post(ui, f"{page}/keys", page, name="twice")
+        assert 'id="new-key-value"' not in other.get(created.headers["location"]).text
+        assert 'id="new-key-value"' in ui.get(created.headers["location"]).text
+
+
+def test_key_states_and_rotation(ui: httpx.Client, stack: Stack) -> None:
+    made = post(ui, "/ui/projects", "/ui/projects", name="rot", scope="all")
+    page = made.headers["location"].split("?")[0]
+    pid = page.rsplit("/", 1)[1]
+    with stack.client("admin") as admin:
+        expired = admin.post("/admin/projects/rot/keys", json={"name": "old",
+                                                                "expires_at": "2099-01-01T00:00:00Z"}).json()
+        by_api = admin.post("/admin/projects/rot/keys", json={"name": "api"}).json()
+        assert admin.post(f"/admin/keys/{by_api['id']}/rotate", json={"grace_seconds": 3600}).status_code == 201
+    with stack.db.session() as s:  # expire one in the past (the API refuses past expiries)
+        s.get(ApiKey, expired["id"]).expires_at = dt.datetime(2001, 1, 1)  # type: ignore[union-attr]
+    text = ui.get(page).text
+    row = text.split(f'id="key-{expired["id"]}"')[1].split("</tr>")[0]
+    assert ">expired<" in row and "badge ok" not in row and "Revoke" not in row and "Rotate" not in row
+    row = text.split(f'id="key-{by_api["id"]}"')[1].split("</tr>")[0]
+    assert "rotated: works until" in row and "Rotate" not in row and "Revoke now" in row
+    fresh = post(ui, f"{page}/keys", page, name="to-rotate")
+    ui.get(fresh.headers["location"])
+    key = next(k for k in _keys_of(stack, "rot") if k["name"] == "to-rotate")
+    rotated = post(ui, f"/ui/keys/{key['id']}/rotate", page, project=pid, grace_minutes="5")
+    assert rotated.status_code == 303, alerts(rotated)
+    shown = ui.get(rotated.headers["location"]).text
+    assert re.search(r'value="arb_proj_[A-Za-z0-9]{43}"', shown) and "Key rotated." in shown
+    assert f"It replaces <code>{key['prefix']}…{key['last_four']}</code>" in shown
+    row = shown.split(f'id="key-{key["id"]}"')[1].split("</tr>")[0]
+    assert "rotated: works until" in row
+    assert 'id="new-key-value"' not in ui.get(rotated.headers["location"]).text  # once
+    twice = post(ui, f"/ui/keys/{key['id']}/rotate", page, project=pid, grace_minutes="5")
+    assert twice.status_code == 400 and "rotated already" in alerts(twice)[f"key-{key['id']}"]
+    bad = post(ui, f"/ui/keys/{by_api['id'] + 1}/rotate", page, project=pid, grace_minutes="-1")
+    assert bad.status_code == 400
