@@ -33,7 +33,7 @@ from app.ui.web import (
 )
 
 router = APIRouter(route_class=UiRoute)
-NOTICES = {"registered": "Model registered; its card is below.", "cancelled": "Install cancelled.",
+NOTICES = {"registered": "Model registered; its card is below.", "installed": "Model installed; its card is below.", "cancelled": "Install cancelled.",
            "removed": "Model removed.", "renamed": "Model changed."}
 CAPABILITY_CHOICES = sorted(catalog.CAPABILITIES)
 

@@ -250,3 +250,22 @@ def test_an_error_far_down_the_models_page_is_summed_up_at_the_top(
         assert target is not None and page.locator(target).count() == 1  # leads to the error by its form
         link.click()
         assert page.locator(target).is_visible() and page.url.endswith(target)
+
+
+def test_the_installed_link_shows_the_new_card_from_a_plain_models_page(
+        page: Any, db: Database, gateway_factory: Callable[..., Gateway]) -> None:
+    """On /ui/models (no query), a link to /ui/models#cards only scrolled: the new card never came."""
+    with EmulatorServer(make_ollama_app(OllamaState(models={}, pull_seconds=1.5))) as ollama:
+        stack = Stack.provision(db, ollama_url=ollama.url)
+        base = gateway_factory().url
+        sign_in(page, base, stack.admin_key)
+        page.wait_for_url(f"{base}/ui/services")
+        page.goto(f"{base}/ui/models")
+        page.get_by_role("button", name="Install tev1").click()
+        page.wait_for_url(re.compile(r".*/ui/models\?install=\d+"))
+        page.goto(f"{base}/ui/models")  # the plain page, the install still running
+        link = page.locator("li.install").first.get_by_role("link", name="Installed: see its card")
+        link.wait_for(state="visible", timeout=15_000)
+        link.click()
+        page.get_by_role("heading", name="tev1", exact=True).wait_for()
+        assert "Model installed; its card is below." in page.locator(".notice").inner_text()
