@@ -288,28 +288,28 @@ class UiRoute(APIRoute):
             except CsrfFailed:
                 if api:
                     return _json(403, "missing or wrong X-CSRF-Token header; reload the page", "permission_error")
-                return _failure(request, 403, "This form has expired or did not come from this page",
+                return await _failure(request, 403, "This form has expired or did not come from this page",
                                 "The form's security token is missing or wrong, so nothing was changed. "
                                 "Go back, reload the page and try again.")
             except RequestValidationError:
                 if api:
                     return _json(404, "no such item", "not_found_error")
-                return _failure(request, 404, "Not found", "There is nothing at this address.")
+                return await _failure(request, 404, "Not found", "There is nothing at this address.")
             except ArbiterError as exc:
                 if api:
                     return _json(exc.status, exc.message, exc.error_type)
-                return _failure(request, exc.status, "That did not work", message(exc))
+                return await _failure(request, exc.status, "That did not work", message(exc))
             except SQLAlchemyError as exc:
                 log.error("database error in the web UI: %s", type(exc).__name__)
                 status = 400 if isinstance(exc, IntegrityError | DataError) else 503
                 if api:
                     return _json(status, message(exc), "backend_error")
-                return _failure(request, status, "That did not work", message(exc))
+                return await _failure(request, status, "That did not work", message(exc))
             except Exception:
                 log.exception("unexpected error in the web UI")
                 if api:
                     return _json(500, "internal error; the request id is in X-Request-Id", "internal_error")
-                return _failure(request, 500, "Something went wrong",
+                return await _failure(request, 500, "Something went wrong",
                                 "Arbiter hit an internal error; nothing is shown here on purpose. "
                                 "The request id below is in the server's logs.")
             for name, value in SECURITY_HEADERS.items():
@@ -324,9 +324,19 @@ def _json(status: int, text: str, error_type: str) -> JSONResponse:
                         status_code=status, headers=SECURITY_HEADERS)
 
 
-def _failure(request: Request, status: int, title: str, text: str) -> HTMLResponse:
+async def _failure(request: Request, status: int, title: str, text: str) -> HTMLResponse:
     request_id = request.scope.get("state", {}).get("request_id")
-    return render(request, "error.html", None, status=status, title=title, text=text, request_id=request_id)
+    return render(request, "error.html", await admin_if_any(request), status=status, title=title, text=text,
+                  request_id=request_id)
+
+
+async def admin_if_any(request: Request) -> Admin | None:
+    """The signed-in admin, for an error page's navigation; None when there is none (or the lookup
+    fails too: an error page must not fail)."""
+    try:
+        return await signed_in(request)
+    except Exception:  # noqa: BLE001 - whatever it is, the page is shown without the navigation
+        return None
 
 
 def when(value: Any) -> str:

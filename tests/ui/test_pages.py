@@ -476,3 +476,26 @@ def test_key_states_and_rotation(ui: httpx.Client, stack: Stack) -> None:
     assert twice.status_code == 400 and "rotated already" in alerts(twice)[f"key-{key['id']}"]
     bad = post(ui, f"/ui/keys/{by_api['id'] + 1}/rotate", page, project=pid, grace_minutes="-1")
     assert bad.status_code == 400
+
+
+def test_odd_query_values_fall_back_and_error_pages_keep_the_navigation(ui: httpx.Client, stack: Stack,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    usage = ui.get("/ui/usage?days=abc")
+    assert usage.status_code == 200 and "last 14 days" in usage.text
+    audit = ui.get("/ui/audit?before_id=abc")
+    assert audit.status_code == 200 and "service.create" in audit.text
+    for path in ("/ui/does-not-exist", "/ui/services/99999"):
+        failed = ui.get(path)
+        assert failed.status_code == 404 and 'aria-label="Main"' in failed.text, path  # signed in: the nav
+    with httpx.Client(base_url=stack.gateway.url) as stranger:
+        assert 'aria-label="Main"' not in stranger.get("/ui/does-not-exist").text
+    mesh = getattr(stack.gateway.app.components, "mesh", None)
+    if mesh is None:
+        return
+    peer = {"name": "node-u", "url": "http://u:8080", "direction": "outbound", "state": "connecting",
+            "version": None, "decision_models": None, "last_contact": None, "error": None, "models": []}
+    monkeypatch.setattr(mesh, "status", lambda: {
+        "enabled": True, "refused": [], "peers": [peer],
+        "node": {"name": "node-a", "url": "http://a:8080", "version": "0.2.0", "decision_models": True}})
+    page = ui.get("/ui/mesh").text.split("node-u")[1]
+    assert "<dd>unknown</dd>" in page and "not supported" not in page
