@@ -209,6 +209,8 @@ async def rotate_key(request: Request, key_id: int) -> Response:
     project_id = whole(form, "project", "project") or 0
     try:
         grace = whole(form, "grace_minutes", "Grace period")
+        if grace is not None and not 0 <= grace <= 30 * 24 * 60:
+            raise InvalidRequest("Grace period: from 0 to 43200 minutes (30 days)")
         body = validated(KeyRotate, {} if grace is None else {"grace_seconds": grace * 60})
 
         def work(s: Session) -> dict[str, Any]:

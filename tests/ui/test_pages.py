@@ -474,8 +474,11 @@ def test_key_states_and_rotation(ui: httpx.Client, stack: Stack) -> None:
     assert 'id="new-key-value"' not in ui.get(rotated.headers["location"]).text  # once
     twice = post(ui, f"/ui/keys/{key['id']}/rotate", page, project=pid, grace_minutes="5")
     assert twice.status_code == 400 and "rotated already" in alerts(twice)[f"key-{key['id']}"]
-    bad = post(ui, f"/ui/keys/{by_api['id'] + 1}/rotate", page, project=pid, grace_minutes="-1")
-    assert bad.status_code == 400
+    fresh = post(ui, f"{page}/keys", page, name="second")
+    ui.get(fresh.headers["location"])
+    second = next(k for k in _keys_of(stack, "rot") if k["name"] == "second")
+    bad = post(ui, f"/ui/keys/{second['id']}/rotate", page, project=pid, grace_minutes="-1")
+    assert bad.status_code == 400 and "from 0 to 43200 minutes" in alerts(bad)[f"key-{second['id']}"]
 
 
 def test_odd_query_values_fall_back_and_error_pages_keep_the_navigation(ui: httpx.Client, stack: Stack,
