@@ -23,11 +23,11 @@ AUDIT_PAGE = 100
 
 
 @router.get("/usage")
-async def usage_page(request: Request, project: str = "", days: int = 14) -> Response:
+async def usage_page(request: Request, project: str = "", days: str = "14") -> Response:
     admin = await signed_in(request)
-    days = days if days in PERIODS else 14
+    period = int(days) if days.isdigit() and int(days) in PERIODS else 14  # anything else: the default
     last = dt.datetime.now(dt.UTC).date()
-    first = last - dt.timedelta(days=days - 1)
+    first = last - dt.timedelta(days=period - 1)
 
     def work(s: Session) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
         names = [p.name for p in tenancy.list_projects(s)]
@@ -36,7 +36,7 @@ async def usage_page(request: Request, project: str = "", days: int = 14) -> Res
                 usage.recent(s, project=chosen, limit=50))
     names, rows, recent = await components(request).in_session(work)
     chosen = project if project in names else ""
-    return render(request, "usage.html", admin, projects=names, project=chosen, days=days, periods=PERIODS,
+    return render(request, "usage.html", admin, projects=names, project=chosen, days=period, periods=PERIODS,
                   chart=charts.tokens_per_day(rows, first, last), totals=_totals(rows), recent=recent,
                   first=first, last=last, unknown_project=bool(project) and not chosen)
 
@@ -57,14 +57,13 @@ def _totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @router.get("/audit")
-async def audit_page(request: Request, before_id: int | None = None) -> Response:
+async def audit_page(request: Request, before_id: str = "") -> Response:
     admin = await signed_in(request)
-    if before_id is not None and not 1 <= before_id <= 2**62:
-        before_id = None
+    before = int(before_id) if before_id.isdigit() and 1 <= int(before_id) <= 2**62 else None  # else page 1
     entries = await components(request).in_session(
-        lambda s: audit.entries(s, limit=AUDIT_PAGE, before_id=before_id))
+        lambda s: audit.entries(s, limit=AUDIT_PAGE, before_id=before))
     older = entries[-1]["id"] if len(entries) == AUDIT_PAGE else None
-    return render(request, "audit.html", admin, entries=entries, older=older, paged=before_id is not None)
+    return render(request, "audit.html", admin, entries=entries, older=older, paged=before is not None)
 
 
 @router.get("/mesh")

@@ -3,14 +3,13 @@ card for every installed model. The same calls as app/api/admin/models.py."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
 from app.api.admin.schemas import ModelInstallRequest, ModelUpdate
-from app.errors import ArbiterError, InvalidRequest
+from app.errors import InvalidRequest
 from app.services import catalog
 from app.services import service as services
 from app.ui.web import (
@@ -22,6 +21,9 @@ from app.ui.web import (
     components,
     decimal,
     drop_blank,
+    is_mesh_warning,
+    mesh_guard,
+    mesh_warning,
     message,
     posted,
     redirect,
@@ -31,16 +33,15 @@ from app.ui.web import (
 )
 
 router = APIRouter(route_class=UiRoute)
-MESH_WARNING = "mesh_warning"
-_API_HINT = re.compile(r"\s*Send the request again with \"confirm\": true to install anyway\.")
-NOTICES = {"registered": "Model registered; its card is below.", "cancelled": "Install cancelled.",
+NOTICES = {"registered": "Model registered; its card is below.", "installed": "Model installed; its card is below.", "cancelled": "Install cancelled.",
            "removed": "Model removed.", "renamed": "Model changed."}
 CAPABILITY_CHOICES = sorted(catalog.CAPABILITIES)
 
 
 async def _page(request: Request, admin: Admin, *, status: int = 200, errors: dict[str, str] | None = None,
                 warning: dict[str, Any] | None = None, values: dict[str, str] | None = None,
-                done: str = "", install: int | None = None, checked: list[str] | None = None) -> Response:
+                done: str = "", install: int | None = None, checked: list[str] | None = None,
+                edit: int | None = None) -> Response:
     c = components(request)
 
     def work(s: Session) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -48,12 +49,21 @@ async def _page(request: Request, admin: Admin, *, status: int = 200, errors: di
                 [services.model_view(m, x) for m, x in services.all_models(s)])
     service_views, model_views = await c.in_session(work)
     installs = await c.installer.recent(20)
-    return render(request, "models.html", admin, status=status, catalog=_catalog(service_views),
+    rows = _catalog(service_views)
+    return render(request, "models.html", admin, status=status, catalog=rows,
                   services=service_views, cards=_cards(model_views), installs=installs,
                   installed=_installed(model_views),
                   gated=[s for s in service_views if not s["decisions_supported"]],
                   capability_choices=CAPABILITY_CHOICES, errors=errors or {}, warning=warning,
-                  values=values or {}, checked=checked or [], notice=NOTICES.get(done), focus_install=install)
+                  values=values or {}, checked=checked or [], notice=NOTICES.get(done), focus_install=install,
+                  edit=edit, summary=_summary(errors or {}, rows))
+
+
+def _summary(errors: dict[str, str], rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The errors for the summary at the top of the page: (the id of the error next to its form, text).
+    A catalog row's error is ``install-<row number>-error``, as models.html numbers the rows."""
+    rows_of = {f"install:{row['name']}": f"install-{n}" for n, row in enumerate(rows, 1)}
+    return [(f"{rows_of.get(form, form)}-error", text) for form, text in errors.items() if text]
 
 
 def _catalog(service_views: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -107,15 +117,15 @@ async def install(request: Request) -> Response:
         service_id = _int(form.get("service"), "Choose a service to install on.")
         name = await c.in_session(lambda s: _service_name(s, service_id))
         # As POST /admin/services/{name}/models does: the mesh may warn first, unless confirmed.
-        guard = None if body.confirm else getattr(getattr(c, "mesh", None), "check_decision_install", None)
         status, view = await c.installer.install(
-            name, body.model_dump(exclude_none=True, exclude={"confirm"}), admin.actor, guard)
+            name, body.model_dump(exclude_none=True, exclude={"confirm"}), admin.actor,
+            mesh_guard(c, body.confirm))
     except FORM_ERRORS as exc:
-        if isinstance(exc, ArbiterError) and exc.error_type == MESH_WARNING:
-            text = _API_HINT.sub("", exc.message)
-            return await _page(request, admin, status=409, values=form.values(),
-                               warning={"form": form_id, "message": text, "fields": form.values(),
-                                        "capabilities": form.getlist("capabilities")})
+        if is_mesh_warning(exc):
+            capabilities = form.getlist("capabilities")
+            return await _page(request, admin, status=409, values=form.values(), checked=capabilities,
+                               warning=mesh_warning(exc, "/ui/models/install", "Install anyway", "/ui/models",
+                                                    form.values(), lists={"capabilities": capabilities}))
         return await _page(request, admin, status=400, errors={form_id: message(exc)}, values=form.values(),
                            checked=form.getlist("capabilities"))
     if status == 202:
@@ -192,8 +202,15 @@ async def change(request: Request, model_id: int) -> Response:
         if not fields:
             raise InvalidRequest("Nothing to change: give a public name, a timeout or how it decides")
         changes = validated(ModelUpdate, fields).model_dump(exclude_unset=True)
-        await c.in_session(lambda s: services.update_model(s, model_id, admin.actor, changes))
+        # As PATCH /admin/models/{id}: label reading makes a decision model, so the mesh may warn.
+        guard = mesh_guard(c, form.get("confirm") == "true")
+        await c.in_session(lambda s: services.update_model(s, model_id, admin.actor, changes, guard))
     except FORM_ERRORS as exc:
-        return await _page(request, admin, status=400, errors={f"model-{model_id}": message(exc)})
+        if is_mesh_warning(exc):
+            return await _page(request, admin, status=409, values=form.values(), edit=model_id,
+                               warning=mesh_warning(exc, f"/ui/models/{model_id}", "Save anyway",
+                                                    "/ui/models#cards", form.values()))
+        return await _page(request, admin, status=400, errors={f"model-{model_id}": message(exc)},
+                           values=form.values(), edit=model_id)
     await c.changed_models()
     return redirect("/ui/models?done=renamed#cards")

@@ -3,12 +3,13 @@ same calls as app/api/admin/tenancy.py, with its change notifications."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
-from app.api.admin.schemas import KeyCreate, ProjectCreate, ProjectUpdate
+from app.api.admin.schemas import KeyCreate, KeyRotate, ProjectCreate, ProjectUpdate
 from app.db.models import Project
 from app.errors import InvalidRequest
 from app.services import service as services
@@ -25,6 +26,7 @@ from app.ui.web import (
     redirect,
     render,
     signed_in,
+    ui_state,
     validated,
     whole,
 )
@@ -32,7 +34,9 @@ from app.ui.web import (
 router = APIRouter(route_class=UiRoute)
 NOTICES = {"created": "Project created.", "models": "Allowlist saved.", "limits": "Limits saved.",
            "archived": "Project archived: its keys get 403 until it is unarchived.",
-           "unarchived": "Project unarchived.", "revoked": "Key revoked: requests with it now get 401."}
+           "unarchived": "Project unarchived.", "revoked": "Key revoked: requests with it now get 401.",
+           "key": "Key created.", "rotated": "Key rotated.",
+           "shown": "The new key was shown once already; it is not shown again."}
 
 
 def _project(s: Session, project_id: int) -> Project:
@@ -49,12 +53,13 @@ async def list_page(request: Request) -> Response:
 
 
 async def _list(request: Request, admin: Admin, *, status: int = 200, error: str | None = None,
-                values: dict[str, str] | None = None) -> Response:
+                values: dict[str, str] | None = None, current: Any = "all") -> Response:
     def work(s: Session) -> tuple[list[dict[str, Any]], list[str]]:
         return [tenancy.project_view(p) for p in tenancy.list_projects(s)], _model_names(s)
     projects, names = await components(request).in_session(work)
-    return render(request, "projects.html", admin, status=status, projects=projects, model_names=names,
-                  error=error, values=values or {})
+    chosen = current if isinstance(current, list) else []
+    return render(request, "projects.html", admin, status=status, projects=projects,
+                  model_names=sorted(set(names) | set(chosen)), error=error, values=values or {}, current=current)
 
 
 @router.post("/projects")
@@ -67,7 +72,9 @@ async def create(request: Request) -> Response:
         project_id = await components(request).in_session(lambda s: tenancy.create_project(
             s, body.name, admin.actor, models=body.models, organization=body.organization).id)
     except FORM_ERRORS as exc:
-        return await _list(request, admin, status=400, error=message(exc), values=form.values())
+        # The allowlist comes back as it was submitted (never widened to "all"): ticked and typed names ticked.
+        return await _list(request, admin, status=400, error=message(exc), values=form.values(),
+                           current=_allowlist(form))
     return redirect(f"/ui/projects/{project_id}?done=created")
 
 
@@ -79,23 +86,48 @@ def _allowlist(form: Form) -> Any:
     return sorted(set(form.getlist("models")) | set(typed))
 
 
+def _with_state(view: dict[str, Any]) -> dict[str, Any]:
+    """A key's state now: active, expired, revoked, or rotated (and working until its grace ends)."""
+    now = dt.datetime.now(dt.UTC)
+
+    def at(name: str) -> dt.datetime | None:
+        value = view.get(name)
+        moment = dt.datetime.fromisoformat(value) if value else None
+        return moment.replace(tzinfo=dt.UTC) if moment is not None and moment.tzinfo is None else moment
+    revoked, expires = at("revoked_at"), at("expires_at")
+    if revoked is not None and revoked <= now:
+        view["state"] = "revoked"
+    elif expires is not None and expires <= now:
+        view["state"] = "expired"
+    elif revoked is not None:  # a revocation set for later: a rotated key's grace period
+        view["state"] = "rotated" if view.get("replaced_by") else "ending"
+    else:
+        view["state"] = "active"
+    return view
+
+
 async def _detail(request: Request, admin: Admin, project_id: int, *, status: int = 200,
                   errors: dict[str, str] | None = None, new_key: dict[str, Any] | None = None,
-                  done: str = "") -> Response:
+                  done: str = "", values: dict[str, str] | None = None, current: Any = None) -> Response:
     def work(s: Session) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
         project = _project(s, project_id)
-        keys = [tenancy.key_view(k, project.name) for k in tenancy.list_keys(s, project=project.name)]
+        keys = [_with_state(tenancy.key_view(k, project.name)) for k in tenancy.list_keys(s, project=project.name)]
         return tenancy.project_view(project), keys, _model_names(s)
     project, keys, names = await components(request).in_session(work)
-    allowed = project["models"] if isinstance(project["models"], list) else []
+    current = project["models"] if current is None else current
+    allowed = current if isinstance(current, list) else []
     return render(request, "project.html", admin, status=status, project=project, keys=list(reversed(keys)),
                   model_names=sorted(set(names) | set(allowed)), errors=errors or {}, new_key=new_key,
-                  notice=NOTICES.get(done))
+                  notice=NOTICES.get(done), values=values or {}, current=current)
 
 
 @router.get("/projects/{project_id}")
 async def detail_page(request: Request, project_id: int, done: str = "") -> Response:
-    return await _detail(request, await signed_in(request), project_id, done=done)
+    admin = await signed_in(request)
+    new_key = await ui_state(request).new_keys.take(admin.session, project_id)  # shown once, then gone
+    if new_key is None and done in ("key", "rotated"):
+        done = "shown"
+    return await _detail(request, admin, project_id, done=done, new_key=new_key)
 
 
 async def _update(request: Request, project_id: int, form_id: str, fields: Any) -> Response:
@@ -107,8 +139,10 @@ async def _update(request: Request, project_id: int, form_id: str, fields: Any) 
         arguments = fields(form)
         await c.in_session(lambda s: tenancy.update_project(s, _project(s, project_id).name, admin.actor,
                                                             **arguments))
-    except FORM_ERRORS as exc:
-        return await _detail(request, admin, project_id, status=400, errors={form_id: message(exc)})
+    except FORM_ERRORS as exc:  # the form comes back as it was submitted
+        return await _detail(request, admin, project_id, status=400, errors={form_id: message(exc)},
+                             values={"form": form_id, **form.values()},
+                             current=_allowlist(form) if form_id == "models" else None)
     await c.changed_keys()
     done = form_id if form_id != "archive" else ("archived" if arguments["archived"] else "unarchived")
     return redirect(f"/ui/projects/{project_id}?done={done}")
@@ -144,7 +178,8 @@ async def set_archived(request: Request, project_id: int) -> Response:
 
 @router.post("/projects/{project_id}/keys")
 async def create_key(request: Request, project_id: int) -> Response:
-    """A new project key, shown on this one page and never again."""
+    """A new project key: kept for one display and shown by the project page after the redirect
+    (Post/Redirect/Get), so a reload neither shows it again nor makes another."""
     admin = await signed_in(request)
     form = await posted(request, admin)
     c = components(request)
@@ -158,8 +193,39 @@ async def create_key(request: Request, project_id: int) -> Response:
             return {**tenancy.key_view(key, project.name), "key": value}
         new_key = await c.in_session(work)
     except FORM_ERRORS as exc:
-        return await _detail(request, admin, project_id, status=400, errors={"key": message(exc)})
-    return await _detail(request, admin, project_id, status=201, new_key=new_key)
+        return await _detail(request, admin, project_id, status=400, errors={"key": message(exc)},
+                             values={"form": "key", **form.values()})
+    await ui_state(request).new_keys.put(admin.session, project_id, new_key)
+    return redirect(f"/ui/projects/{project_id}?done=key")
+
+
+@router.post("/keys/{key_id}/rotate")
+async def rotate_key(request: Request, key_id: int) -> Response:
+    """As POST /admin/keys/{id}/rotate: a successor (shown once, as a new key is) and the old key
+    working on for the grace period."""
+    admin = await signed_in(request)
+    form = await posted(request, admin)
+    c = components(request)
+    project_id = whole(form, "project", "project") or 0
+    try:
+        grace = whole(form, "grace_minutes", "Grace period")
+        if grace is not None and not 0 <= grace <= 30 * 24 * 60:
+            raise InvalidRequest("Grace period: from 0 to 43200 minutes (30 days)")
+        body = validated(KeyRotate, {} if grace is None else {"grace_seconds": grace * 60})
+
+        def work(s: Session) -> dict[str, Any]:
+            key = tenancy.get_key(s, key_id)
+            if key.project_id != project_id:
+                raise InvalidRequest("That key does not belong to this project; reload the page")
+            new, value = tenancy.rotate_key(s, c.hasher, key_id, admin.actor, grace_seconds=body.grace_seconds)
+            return {**tenancy.key_view(new, tenancy.key_project_name(s, new)), "key": value,
+                    "replaces": f"{key.prefix}…{key.last_four}", "old_until": tenancy.key_view(key)["revoked_at"]}
+        new_key = await c.in_session(work)
+    except FORM_ERRORS as exc:
+        return await _detail(request, admin, project_id, status=400, errors={f"key-{key_id}": message(exc)})
+    await c.changed_keys()
+    await ui_state(request).new_keys.put(admin.session, project_id, new_key)
+    return redirect(f"/ui/projects/{project_id}?done=rotated")
 
 
 @router.post("/keys/{key_id}/revoke")

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse
 
 from app.ui import activity_pages, api, auth, models_pages, projects_pages, services_pages
-from app.ui.web import HERE, UiRoute, render
+from app.ui.web import HERE, UiRoute, admin_if_any, render
 
 STATIC = HERE / "static"
 _ASSET = re.compile(r"^[a-z0-9-]+\.(css|js|svg)$")
@@ -34,7 +34,7 @@ async def static(name: str) -> Response:
 
 @pages.get("/{rest:path}")
 async def not_found(request: Request, rest: str) -> Response:
-    return render(request, "error.html", None, status=404, title="Not found",
+    return render(request, "error.html", await admin_if_any(request), status=404, title="Not found",
                   text="There is no page at this address. Start again from the services page.",
                   request_id=request.scope.get("state", {}).get("request_id"))
 

@@ -24,6 +24,9 @@ from app.ui.web import (
     components,
     decimal,
     drop_blank,
+    is_mesh_warning,
+    mesh_check,
+    mesh_warning,
     message,
     posted,
     redirect,
@@ -43,11 +46,13 @@ def _service(s: Session, service_id: int) -> Service:
 
 
 async def _list(request: Request, admin: Admin, *, status: int = 200, error: str | None = None,
-                values: dict[str, str] | None = None, done: str = "") -> Response:
+                values: dict[str, str] | None = None, done: str = "",
+                warning: dict[str, Any] | None = None) -> Response:
     c = components(request)
     views = await c.in_session(lambda s: [services.service_view(x) for x in services.list_services(s)])
     return render(request, "services.html", admin, status=status, services=[with_backoffs(v, c) for v in views],
-                  types=SERVICE_TYPES, error=error, values=values or {}, notice=NOTICES.get(done))
+                  types=SERVICE_TYPES, error=error, values=values or {}, notice=NOTICES.get(done),
+                  warning=warning)
 
 
 @router.get("/services")
@@ -65,23 +70,32 @@ async def add(request: Request) -> Response:
             "type": form.get("type"), "url": form.get("url") or None, "name": form.get("name") or None,
             "api_key": form.get("api_key") or None, "text_limit": whole(form, "text_limit", "Text limit"),
             "timeout": decimal(form, "timeout", "Timeout"),
-            "context_length": whole(form, "context_length", "Context length")}))
+            "context_length": whole(form, "context_length", "Context length"),
+            "confirm": form.get("confirm") == "true"}))  # "Add anyway", after the mesh warning
 
         def work(s: Session) -> int:
             service = services.add_service(s, c.settings, admin.actor, type=body.type, url=body.url,
                                            name=body.name, credential=body.api_key, text_limit=body.text_limit,
                                            timeout=body.timeout, context_length=body.context_length)
+            if not body.confirm:  # as POST /admin/services: its decision models may make the mesh warn
+                models = [services.model_view(m, service) for m in services.service_models(s, service)]
+                mesh_check(c, sorted({cap for m in models for cap in m["capabilities"]}))
             return service.id
         await c.in_session(work)
     except FORM_ERRORS as exc:
         values = {k: v for k, v in form.values().items() if k != "api_key"}  # a secret is never sent back
+        if is_mesh_warning(exc):
+            # The API key is not sent back either: the admin types it again above "Add anyway".
+            return await _list(request, admin, status=409, values=values, warning=mesh_warning(
+                exc, "/ui/services", "Add anyway", "/ui/services", values, secret="api_key" if form.get("api_key") else ""))
         return await _list(request, admin, status=400, error=message(exc), values=values)
     await c.changed_models()
     return redirect("/ui/services?done=added")
 
 
 async def _detail(request: Request, admin: Admin, service_id: int, *, status: int = 200,
-                  errors: dict[str, str] | None = None, done: str = "") -> Response:
+                  errors: dict[str, str] | None = None, done: str = "",
+                  values: dict[str, str] | None = None) -> Response:
     c = components(request)
 
     def work(s: Session) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -90,7 +104,8 @@ async def _detail(request: Request, admin: Admin, service_id: int, *, status: in
                 [services.model_view(m, service) for m in services.service_models(s, service)])
     view, models = await c.in_session(work)
     return render(request, "service.html", admin, status=status, service=with_backoffs(view, c), models=models,
-                  ollama=view["type"] in sync.OLLAMA_TYPES, errors=errors or {}, notice=NOTICES.get(done))
+                  ollama=view["type"] in sync.OLLAMA_TYPES, errors=errors or {}, notice=NOTICES.get(done),
+                  values=values or {})
 
 
 @router.get("/services/{service_id}")
@@ -114,7 +129,8 @@ async def change(request: Request, service_id: int) -> Response:
         await c.in_session(lambda s: services.update_service(s, c.settings, _service(s, service_id).name,
                                                              admin.actor, changes))
     except FORM_ERRORS as exc:
-        return await _detail(request, admin, service_id, status=400, errors={"change": message(exc)})
+        typed = {k: v for k, v in form.values().items() if k != "api_key"}  # a secret is never sent back
+        return await _detail(request, admin, service_id, status=400, errors={"change": message(exc)}, values=typed)
     await c.changed_models()
     return redirect(f"/ui/services/{service_id}?done=changed")
 
@@ -125,13 +141,18 @@ async def refresh(request: Request, service_id: int) -> Response:
     await posted(request, admin)
     c = components(request)
 
-    def work(s: Session) -> None:
-        sync.sync_service(s, c.settings, _service(s, service_id), actor=admin.actor)
+    def work(s: Session) -> str | None:
+        service = _service(s, service_id)
+        sync.sync_service(s, c.settings, service, actor=admin.actor)
+        return None if service.reachable else (service.last_error or "the service did not answer")
     try:
-        await c.in_session(work)
+        failed = await c.in_session(work)
     except FORM_ERRORS as exc:
         return await _detail(request, admin, service_id, status=400, errors={"refresh": message(exc)})
     await c.changed_models()
+    if failed is not None:  # the read failed: say so, not "read again"
+        return await _detail(request, admin, service_id, status=502,
+                             errors={"refresh": f"Could not read the service: {failed}"})
     return redirect(f"/ui/services/{service_id}?done=refreshed")
 
 

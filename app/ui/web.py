@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from app.errors import ArbiterError, InvalidRequest, NotFound, TooLarge
 from app.tenancy import service as tenancy
 from app.tenancy.service import Actor
 from app.ui.session import COOKIE, COOKIE_PATH, CSRF_FIELD, CSRF_HEADER, SessionSigner, UiSession
+from app.ui.shelf import KeyShelf
 
 log = logging.getLogger("arbiter.ui")
 M = TypeVar("M", bound=BaseModel)
@@ -65,6 +67,7 @@ class UiState:
     def __init__(self, components: Components) -> None:
         secret = components.settings.secret_key
         self.signer = SessionSigner(secret.get_secret_value() if secret else None)
+        self.new_keys = KeyShelf(getattr(components, "redis", None), secret.get_secret_value() if secret else None)
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
                                      autoescape=select_autoescape(default=True, default_for_string=True),
                                      trim_blocks=True, lstrip_blocks=True)
@@ -203,6 +206,38 @@ def by_id(rows: Iterable[R], row_id: int, missing: str) -> R:
     return found
 
 
+MESH_WARNING = "mesh_warning"
+_API_HINT = re.compile(r"\s*Send the request again with \"confirm\": true to install anyway\.")
+
+
+def mesh_check(c: Components, capabilities: list[str]) -> None:
+    """The mesh's check before a decision model comes (as the admin API runs it): a 409
+    ``mesh_warning`` when a known peer is too old for it. Nothing without a mesh."""
+    check = getattr(getattr(c, "mesh", None), "check_decision_install", None)
+    if check is not None:
+        check(capabilities)
+
+
+def mesh_guard(c: Components, confirmed: bool) -> Callable[[list[str]], None] | None:
+    """The guard for a change that may bring a decision model; none once the admin confirmed."""
+    return None if confirmed else (lambda capabilities: mesh_check(c, capabilities))
+
+
+def is_mesh_warning(error: Exception) -> bool:
+    return isinstance(error, ArbiterError) and error.error_type == MESH_WARNING
+
+
+def mesh_warning(error: Exception, action: str, button: str, cancel: str, fields: dict[str, str], *,
+                 lists: dict[str, list[str]] | None = None, secret: str = "") -> dict[str, Any]:
+    """The "Warning from the mesh" panel (macros.html mesh_warning): the reason without the API's
+    hint, and a form that sends ``fields`` again to ``action`` with confirm=true. ``secret`` names a
+    field that is never sent back: the panel asks for it again."""
+    text = _API_HINT.sub("", error.message if isinstance(error, ArbiterError) else str(error))
+    return {"message": text, "action": action, "button": button, "cancel": cancel,
+            "fields": {k: v for k, v in fields.items() if k not in ("confirm", secret, *(lists or {}))},
+            "lists": lists or {}, "secret": secret}
+
+
 def check_csrf_header(request: Request, admin: Admin) -> None:
     if not ui_state(request).signer.csrf_ok(admin.session, request.headers.get(CSRF_HEADER)):
         raise CsrfFailed()
@@ -253,28 +288,28 @@ class UiRoute(APIRoute):
             except CsrfFailed:
                 if api:
                     return _json(403, "missing or wrong X-CSRF-Token header; reload the page", "permission_error")
-                return _failure(request, 403, "This form has expired or did not come from this page",
+                return await _failure(request, 403, "This form has expired or did not come from this page",
                                 "The form's security token is missing or wrong, so nothing was changed. "
                                 "Go back, reload the page and try again.")
             except RequestValidationError:
                 if api:
                     return _json(404, "no such item", "not_found_error")
-                return _failure(request, 404, "Not found", "There is nothing at this address.")
+                return await _failure(request, 404, "Not found", "There is nothing at this address.")
             except ArbiterError as exc:
                 if api:
                     return _json(exc.status, exc.message, exc.error_type)
-                return _failure(request, exc.status, "That did not work", message(exc))
+                return await _failure(request, exc.status, "That did not work", message(exc))
             except SQLAlchemyError as exc:
                 log.error("database error in the web UI: %s", type(exc).__name__)
                 status = 400 if isinstance(exc, IntegrityError | DataError) else 503
                 if api:
                     return _json(status, message(exc), "backend_error")
-                return _failure(request, status, "That did not work", message(exc))
+                return await _failure(request, status, "That did not work", message(exc))
             except Exception:
                 log.exception("unexpected error in the web UI")
                 if api:
                     return _json(500, "internal error; the request id is in X-Request-Id", "internal_error")
-                return _failure(request, 500, "Something went wrong",
+                return await _failure(request, 500, "Something went wrong",
                                 "Arbiter hit an internal error; nothing is shown here on purpose. "
                                 "The request id below is in the server's logs.")
             for name, value in SECURITY_HEADERS.items():
@@ -289,9 +324,19 @@ def _json(status: int, text: str, error_type: str) -> JSONResponse:
                         status_code=status, headers=SECURITY_HEADERS)
 
 
-def _failure(request: Request, status: int, title: str, text: str) -> HTMLResponse:
+async def _failure(request: Request, status: int, title: str, text: str) -> HTMLResponse:
     request_id = request.scope.get("state", {}).get("request_id")
-    return render(request, "error.html", None, status=status, title=title, text=text, request_id=request_id)
+    return render(request, "error.html", await admin_if_any(request), status=status, title=title, text=text,
+                  request_id=request_id)
+
+
+async def admin_if_any(request: Request) -> Admin | None:
+    """The signed-in admin, for an error page's navigation; None when there is none (or the lookup
+    fails too: an error page must not fail)."""
+    try:
+        return await signed_in(request)
+    except Exception:  # noqa: BLE001 - whatever it is, the page is shown without the navigation
+        return None
 
 
 def when(value: Any) -> str:

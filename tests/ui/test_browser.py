@@ -226,3 +226,46 @@ def test_pages_fit_a_narrow_screen(browser: Any, stack: Stack, shots: Shots) -> 
             shots.take(page, "narrow-" + path.strip("/").replace("/", "-"))
     finally:
         context.close()
+
+
+def test_an_error_far_down_the_models_page_is_summed_up_at_the_top(
+        page: Any, db: Database, gateway_factory: Callable[..., Gateway]) -> None:
+    """The version gate's refusal sits next to the catalog row, far below the fold: the page comes
+    back at the top, so a summary there takes the focus and links down to it."""
+    with EmulatorServer(make_ollama_app(OllamaState(version="0.34.9", models={}))) as ollama:
+        stack = Stack.provision(db, ollama_url=ollama.url)
+        base = gateway_factory().url
+        sign_in(page, base, stack.admin_key)
+        page.wait_for_url(f"{base}/ui/services")
+        page.goto(f"{base}/ui/models")
+        page.get_by_role("button", name="Install tev1").click()
+        page.wait_for_load_state()
+        summary = page.locator("#error-summary")
+        assert "Decision models need Ollama 0.35.0 or newer" in summary.inner_text()
+        assert page.evaluate("document.activeElement.id") == "error-summary"
+        box = summary.bounding_box()
+        assert box is not None and 0 <= box["y"] < 800  # on screen, not 2,900 px down
+        link = summary.get_by_role("link")
+        target = link.get_attribute("href")
+        assert target is not None and page.locator(target).count() == 1  # leads to the error by its form
+        link.click()
+        assert page.locator(target).is_visible() and page.url.endswith(target)
+
+
+def test_the_installed_link_shows_the_new_card_from_a_plain_models_page(
+        page: Any, db: Database, gateway_factory: Callable[..., Gateway]) -> None:
+    """On /ui/models (no query), a link to /ui/models#cards only scrolled: the new card never came."""
+    with EmulatorServer(make_ollama_app(OllamaState(models={}, pull_seconds=1.5))) as ollama:
+        stack = Stack.provision(db, ollama_url=ollama.url)
+        base = gateway_factory().url
+        sign_in(page, base, stack.admin_key)
+        page.wait_for_url(f"{base}/ui/services")
+        page.goto(f"{base}/ui/models")
+        page.get_by_role("button", name="Install tev1").click()
+        page.wait_for_url(re.compile(r".*/ui/models\?install=\d+"))
+        page.goto(f"{base}/ui/models")  # the plain page, the install still running
+        link = page.locator("li.install").first.get_by_role("link", name="Installed: see its card")
+        link.wait_for(state="visible", timeout=15_000)
+        link.click()
+        page.get_by_role("heading", name="tev1", exact=True).wait_for()
+        assert "Model installed; its card is below." in page.locator(".notice").inner_text()

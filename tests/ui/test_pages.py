@@ -3,6 +3,7 @@ version gating and the mesh warning show where they apply, and nothing unescaped
 
 from __future__ import annotations
 
+import datetime as dt
 import html
 import re
 import time
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app.db.models import ApiKey
 from app.errors import Conflict
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
@@ -188,8 +190,9 @@ def test_projects_allowlists_limits_and_keys(ui: httpx.Client, stack: Stack) -> 
     past = post(ui, f"{page}/keys", page, expires_at="2001-01-01T00:00")
     assert past.status_code == 400 and "expires_at is in the past" in alerts(past)["key"]
     key = post(ui, f"{page}/keys", page, name="ci", expires_at="2099-01-01T00:00")
-    assert key.status_code == 201
-    value = re.search(r'value="(arb_proj_[A-Za-z0-9]{43})"', key.text).group(1)  # type: ignore[union-attr]
+    assert key.status_code == 303 and "arb_proj_" not in key.headers["location"]  # never in the URL
+    value = re.search(r'value="(arb_proj_[A-Za-z0-9]{43})"',  # type: ignore[union-attr]
+                      ui.get(key.headers["location"]).text).group(1)
     later = ui.get(page).text
     assert value not in later and f"{value[:13]}…{value[-4:]}" in later  # prefix and last four only
     archived = post(ui, f"{page}/archive", page, archived="true")
@@ -272,3 +275,230 @@ def test_label_reading_is_turned_on_and_off_on_a_card(ui: httpx.Client, stack: S
     off = post(ui, f"/ui/models/{llama['id']}", "/ui/models", read_strategy="native")
     assert off.status_code == 303
     assert stack.client().post("/v1/systemone", json=decision("llama3.2")).status_code == 400
+
+
+def _warn_always(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The mesh warns before every decision model (a known peer too old for them)."""
+    class MeshWarning(Conflict):
+        error_type = "mesh_warning"
+
+    calls: list[list[str]] = []
+
+    def check(capabilities: list[str]) -> None:
+        calls.append(capabilities)
+        if "decision" in capabilities:
+            raise MeshWarning("mesh peer old-node (version 0.1.0) does not know decision models. "
+                              "Send the request again with \"confirm\": true to install anyway.")
+
+    mesh = getattr(stack.gateway.app.components, "mesh", None)
+    if mesh is None:
+        pytest.skip("this build has no mesh")
+    monkeypatch.setattr(mesh, "check_decision_install", check)
+    return calls
+
+
+def _anyway(page: httpx.Response) -> list[tuple[str, str]]:
+    form = page.text.split('id="mesh-warning"')[1].split("</form>")[0]
+    return re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form)
+
+
+def test_the_mesh_warns_before_a_service_with_decision_models(ui: httpx.Client, stack: Stack,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a service that serves decision models: the same 409 mesh_warning as POST /admin/services,
+    nothing added, and "Add anyway" adds it with confirm=true."""
+    calls = _warn_always(stack, monkeypatch)
+    with EmulatorServer(make_ollama_app(OllamaState())) as server:
+        warned = post(ui, "/ui/services", "/ui/services", type="ollama-external", url=server.url,
+                      name="second", timeout="33")
+        assert warned.status_code == 409 and calls and "decision" in calls[0]
+        assert "old-node (version 0.1.0) does not know decision models" in warned.text
+        assert "second</a>" not in warned.text  # nothing added
+        fields = dict(_anyway(warned))
+        assert fields["confirm"] == "true" and fields["url"] == server.url and fields["timeout"] == "33"
+        assert "Add anyway" in warned.text
+        secret = post(ui, "/ui/services", "/ui/services", type="ollama-external", url=server.url, name="second",
+                      api_key="s3cr3t-key")
+        assert secret.status_code == 409 and "s3cr3t-key" not in secret.text  # never sent back: asked again
+        assert 'id="mesh-warning-api_key" name="api_key" type="password"' in secret.text
+        anyway = ui.post("/ui/services", data=fields)
+        assert anyway.status_code == 303, alerts(anyway)
+        assert "second</a>" in ui.get("/ui/services").text
+
+
+def test_the_mesh_warns_before_label_reading(ui: httpx.Client, stack: Stack,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Label reading makes a decision model: the card's change warns as PATCH /admin/models does."""
+    calls = _warn_always(stack, monkeypatch)
+    models = stack.client("admin").get("/admin/models").json()["data"]
+    llama = next(m for m in models if m["public_name"] == "llama3.2")
+    warned = post(ui, f"/ui/models/{llama['id']}", "/ui/models", read_strategy="labels")
+    assert warned.status_code == 409 and calls
+    assert "decisions by label reading" not in warned.text  # nothing changed
+    fields = dict(_anyway(warned))
+    assert fields["confirm"] == "true" and fields["read_strategy"] == "labels" and "Save anyway" in warned.text
+    assert f'action="/ui/models/{llama["id"]}"' in warned.text.split('id="mesh-warning"')[1]
+    assert ui.post(f"/ui/models/{llama['id']}", data=fields).status_code == 303
+    assert "decisions by label reading" in ui.get("/ui/models").text
+
+
+def test_the_mesh_warning_keeps_custom_capabilities(ui: httpx.Client, stack: Stack,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    _warn_always(stack, monkeypatch)
+    sid = str(service_id(ui, "ollama"))
+    token = csrf_of(ui.get("/ui/models").text)
+    warned = ui.post("/ui/models/install", data={"csrf": token, "form": "custom", "model": "mine", "service": sid,
+                                                 "capabilities": ["decision", "embedding"]})
+    assert warned.status_code == 409
+    assert ("capabilities", "decision") in _anyway(warned) and ("capabilities", "embedding") in _anyway(warned)
+    custom = warned.text.split('id="custom"')[1]
+    assert custom.count(" checked>") == 2 and 'value="mine"' in custom  # the form below keeps them too
+
+
+def test_failed_changes_keep_what_was_typed(ui: httpx.Client, stack: Stack) -> None:
+    sid = service_id(ui, "ollama")
+    page = f"/ui/services/{sid}"
+    bad = post(ui, page, page, timeout="99999", text_limit="4096")
+    assert bad.status_code == 400
+    change = bad.text.split('id="change"')[1]
+    assert 'value="99999"' in change and 'value="4096"' in change
+    models = stack.client("admin").get("/admin/models").json()["data"]
+    nimble = next(m for m in models if m["public_name"] == "nimble")
+    card = post(ui, f"/ui/models/{nimble['id']}", "/ui/models", public_name="renamed", timeout="-3")
+    assert card.status_code == 400
+    form = card.text.split(f'action="/ui/models/{nimble["id"]}"')[1].split("</form>")[0]
+    assert 'value="renamed"' in form and 'value="-3"' in form
+    assert "<details open>" in card.text.split(f'data-model="{nimble["id"]}"')[1].split("</details>")[0]
+
+
+def test_a_model_timeout_is_removed(ui: httpx.Client, stack: Stack) -> None:
+    models = stack.client("admin").get("/admin/models").json()["data"]
+    nimble = next(m for m in models if m["public_name"] == "nimble")
+    assert 'name="clear_timeout"' not in ui.get("/ui/models").text  # nothing to remove yet
+    assert post(ui, f"/ui/models/{nimble['id']}", "/ui/models", timeout="12").status_code == 303
+    page = ui.get("/ui/models").text
+    assert "timeout 12.0 s" in page and 'name="clear_timeout"' in page
+    assert post(ui, f"/ui/models/{nimble['id']}", "/ui/models", clear_timeout="1").status_code == 303
+    assert stack.client("admin").get(f"/admin/models/{nimble['id']}").json()["timeout"] is None
+
+
+def test_refresh_of_a_service_that_is_down_says_so(ui: httpx.Client, stack: Stack) -> None:
+    with EmulatorServer(make_ollama_app(OllamaState())) as server:
+        assert post(ui, "/ui/services", "/ui/services", type="ollama-external", url=server.url,
+                    name="brief", confirm="true").status_code == 303
+        sid = service_id(ui, "brief")
+    down = post(ui, f"/ui/services/{sid}/refresh", f"/ui/services/{sid}")
+    assert down.status_code == 502 and "Could not read the service" in alerts(down)["refresh"]
+    assert "Version and models read again." not in down.text
+
+
+def test_a_failed_project_form_keeps_its_allowlist(ui: httpx.Client, stack: Stack) -> None:
+    """A failed create gives back the allowlist as submitted, never "All models": fixing only the
+    name and sending it again must not make a project that may use every model."""
+    failed = post(ui, "/ui/projects", "/ui/projects", name="acme", scope="list", models="nimble",
+                  more_models="typed-one")
+    assert failed.status_code == 400 and "already exists" in alerts(failed)["create-project"]
+    form = failed.text.split('id="create-project"')[1].split("</form>")[0]
+    assert 'value="all" checked' not in form and 'value="list" checked' in form
+    ticked = re.findall(r'name="models" value="([^"]+)" checked', form)
+    assert ticked == ["nimble", "typed-one"]
+    fixed = dict(re.findall(r'name="(name|organization)" type="text" value="([^"]*)"', form))
+    assert fixed["name"] == "acme"
+
+
+def test_failed_project_changes_keep_what_was_typed(ui: httpx.Client, stack: Stack) -> None:
+    made = post(ui, "/ui/projects", "/ui/projects", name="typed", scope="all")
+    page = made.headers["location"].split("?")[0]
+    assert post(ui, f"{page}/limits", page, requests_per_minute="60").status_code == 303
+    limits = post(ui, f"{page}/limits", page, requests_per_minute="90", tokens_per_minute="many")
+    assert limits.status_code == 400
+    form = limits.text.split('id="limits"')[1].split("</form>")[0]
+    assert 'value="90"' in form and 'value="many"' in form and 'value="60"' not in form
+    key = post(ui, f"{page}/keys", page, name="ci-key", expires_at="2001-01-01T00:00")
+    assert key.status_code == 400
+    form = key.text.split('id="key"')[1].split("</form>")[0]
+    assert 'value="ci-key"' in form and 'value="2001-01-01T00:00"' in form
+
+
+def _keys_of(stack: Stack, project: str) -> list[dict[str, Any]]:
+    with stack.client("admin") as admin:
+        return admin.get(f"/admin/projects/{project}/keys").json()["data"]  # type: ignore[no-any-return]
+
+
+def test_a_new_key_is_shown_once_and_a_reload_makes_no_other(ui: httpx.Client, stack: Stack) -> None:
+    """Post/Redirect/Get: the key is kept for one display; reloading the page it landed on shows
+    nothing new and creates nothing."""
+    made = post(ui, "/ui/projects", "/ui/projects", name="prg", scope="all")
+    page = made.headers["location"].split("?")[0]
+    created = post(ui, f"{page}/keys", page, name="once")
+    assert created.status_code == 303
+    landing = created.headers["location"]
+    first = ui.get(landing)
+    value = re.search(r'value="(arb_proj_[A-Za-z0-9]{43})"', first.text)
+    assert first.status_code == 200 and value is not None and "Key created." in first.text
+    again = ui.get(landing)  # the reload
+    assert value.group(1) not in again.text and 'id="new-key-value"' not in again.text
+    assert "shown once already" in again.text
+    assert len(_keys_of(stack, "prg")) == 1
+    with closing(ui_sign_in(stack.gateway.url, stack.admin_key)) as other:  # another session: nothing
+        created = post(ui, f"{page}/keys", page, name="twice")
+        assert 'id="new-key-value"' not in other.get(created.headers["location"]).text
+        assert 'id="new-key-value"' in ui.get(created.headers["location"]).text
+
+
+def test_key_states_and_rotation(ui: httpx.Client, stack: Stack) -> None:
+    made = post(ui, "/ui/projects", "/ui/projects", name="rot", scope="all")
+    page = made.headers["location"].split("?")[0]
+    pid = page.rsplit("/", 1)[1]
+    with stack.client("admin") as admin:
+        expired = admin.post("/admin/projects/rot/keys", json={"name": "old",
+                                                                "expires_at": "2099-01-01T00:00:00Z"}).json()
+        by_api = admin.post("/admin/projects/rot/keys", json={"name": "api"}).json()
+        assert admin.post(f"/admin/keys/{by_api['id']}/rotate", json={"grace_seconds": 3600}).status_code == 201
+    with stack.db.session() as s:  # expire one in the past (the API refuses past expiries)
+        s.get(ApiKey, expired["id"]).expires_at = dt.datetime(2001, 1, 1)  # type: ignore[union-attr]
+    text = ui.get(page).text
+    row = text.split(f'id="key-{expired["id"]}"')[1].split("</tr>")[0]
+    assert ">expired<" in row and "badge ok" not in row and "Revoke" not in row and "Rotate" not in row
+    row = text.split(f'id="key-{by_api["id"]}"')[1].split("</tr>")[0]
+    assert "rotated: works until" in row and "Rotate" not in row and "Revoke now" in row
+    fresh = post(ui, f"{page}/keys", page, name="to-rotate")
+    ui.get(fresh.headers["location"])
+    key = next(k for k in _keys_of(stack, "rot") if k["name"] == "to-rotate")
+    rotated = post(ui, f"/ui/keys/{key['id']}/rotate", page, project=pid, grace_minutes="5")
+    assert rotated.status_code == 303, alerts(rotated)
+    shown = ui.get(rotated.headers["location"]).text
+    assert re.search(r'value="arb_proj_[A-Za-z0-9]{43}"', shown) and "Key rotated." in shown
+    assert f"It replaces <code>{key['prefix']}…{key['last_four']}</code>" in shown
+    row = shown.split(f'id="key-{key["id"]}"')[1].split("</tr>")[0]
+    assert "rotated: works until" in row
+    assert 'id="new-key-value"' not in ui.get(rotated.headers["location"]).text  # once
+    twice = post(ui, f"/ui/keys/{key['id']}/rotate", page, project=pid, grace_minutes="5")
+    assert twice.status_code == 400 and "rotated already" in alerts(twice)[f"key-{key['id']}"]
+    fresh = post(ui, f"{page}/keys", page, name="second")
+    ui.get(fresh.headers["location"])
+    second = next(k for k in _keys_of(stack, "rot") if k["name"] == "second")
+    bad = post(ui, f"/ui/keys/{second['id']}/rotate", page, project=pid, grace_minutes="-1")
+    assert bad.status_code == 400 and "from 0 to 43200 minutes" in alerts(bad)[f"key-{second['id']}"]
+
+
+def test_odd_query_values_fall_back_and_error_pages_keep_the_navigation(ui: httpx.Client, stack: Stack,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    usage = ui.get("/ui/usage?days=abc")
+    assert usage.status_code == 200 and "last 14 days" in usage.text
+    audit = ui.get("/ui/audit?before_id=abc")
+    assert audit.status_code == 200 and "service.create" in audit.text
+    for path in ("/ui/does-not-exist", "/ui/services/99999"):
+        failed = ui.get(path)
+        assert failed.status_code == 404 and 'aria-label="Main"' in failed.text, path  # signed in: the nav
+    with httpx.Client(base_url=stack.gateway.url) as stranger:
+        assert 'aria-label="Main"' not in stranger.get("/ui/does-not-exist").text
+    mesh = getattr(stack.gateway.app.components, "mesh", None)
+    if mesh is None:
+        return
+    peer = {"name": "node-u", "url": "http://u:8080", "direction": "outbound", "state": "connecting",
+            "version": None, "decision_models": None, "last_contact": None, "error": None, "models": []}
+    monkeypatch.setattr(mesh, "status", lambda: {
+        "enabled": True, "refused": [], "peers": [peer],
+        "node": {"name": "node-a", "url": "http://a:8080", "version": "0.2.0", "decision_models": True}})
+    page = ui.get("/ui/mesh").text.split("node-u")[1]
+    assert "<dd>unknown</dd>" in page and "not supported" not in page

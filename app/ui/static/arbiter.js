@@ -28,6 +28,10 @@
     return { status: response.status, body: body };
   }
 
+  // A failed form on a long page: the summary at the top takes the focus (its links lead to the form).
+  const summary = document.getElementById("error-summary");
+  if (summary) summary.focus();
+
   // Forms that change something irreversible ask first.
   document.querySelectorAll("form[data-confirm]").forEach(function (form) {
     form.addEventListener("submit", function (event) {

@@ -1,0 +1,46 @@
+"""The one-time shelf for a new key (Post/Redirect/Get): once, per session and project, and through
+Redis (encrypted) when the replicas share one."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.ui.session import UiSession
+from app.ui.shelf import KeyShelf
+from tests.support import redis_url
+
+MINE, OTHER = UiSession(1, 2_000_000_000, "a" * 32), UiSession(1, 2_000_000_000, "b" * 32)
+VIEW = {"id": 7, "key": "arb_proj_secret"}
+
+
+def test_a_key_is_taken_once_by_its_session_and_project() -> None:
+    async def walk() -> None:
+        shelf = KeyShelf()
+        await shelf.put(MINE, 3, VIEW)
+        assert await shelf.take(OTHER, 3) is None and await shelf.take(MINE, 4) is None
+        assert await shelf.take(MINE, 3) == VIEW
+        assert await shelf.take(MINE, 3) is None
+    asyncio.run(walk())
+
+
+def test_through_redis_another_replica_shows_it_and_it_is_sealed() -> None:
+    redis_asyncio = pytest.importorskip("redis.asyncio")
+    redis_exceptions = pytest.importorskip("redis.exceptions")
+
+    async def walk() -> None:
+        client = redis_asyncio.from_url(redis_url(2))
+        try:
+            await client.ping()
+        except (OSError, redis_exceptions.RedisError):
+            pytest.skip("no Redis here")
+        try:
+            one, two = KeyShelf(client, "s" * 32), KeyShelf(client, "s" * 32)
+            await one.put(MINE, 3, VIEW)
+            stored = [await client.get(k) for k in await client.keys("arbiter:ui:new-key:*")]
+            assert stored and all(b"arb_proj_secret" not in v for v in stored)  # encrypted at rest
+            assert await two.take(MINE, 3) == VIEW and await one.take(MINE, 3) is None
+        finally:
+            await client.aclose()
+    asyncio.run(walk())
