@@ -62,7 +62,8 @@ class Components:
         self.sync = SyncLoop(self.database, settings, self.changed_models)
         self.installer = Installer(self.database, settings, self.changed_models)
         self.touches = KeyTouches(self.database)
-        self.ledger = UsageLedger(self.database)
+        self.ledger = UsageLedger(self.database, on_dropped=self.metrics.usage_dropped.inc)
+        self.metrics.usage_pending.set_function(lambda: float(self.ledger.pending))  # read at scrape time
         self.observer = Observer(self.metrics, self.ledger, log_payloads=settings.log_payloads,
                                  is_known=self.registry.known)
         self._tasks: list[asyncio.Task[None]] = []

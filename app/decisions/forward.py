@@ -315,5 +315,8 @@ def _model_pair(backend_name: str) -> re.Pattern[bytes]:
     return re.compile(rb'"model"[ \t\r\n]*:[ \t\r\n]*(' + re.escape(orjson.dumps(backend_name)) + rb")")
 
 
+BIGINT_MAX = 2**63 - 1  # the ledger's token columns; past it a count is as good as unknown
+
+
 def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return value if type(value) is int and 0 <= value <= BIGINT_MAX else None

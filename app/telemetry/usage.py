@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable
 from itertools import chain
 from typing import Any
 
 from sqlalchemy import case, func, select
-from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from app.db.models import Project, UsageRecord
@@ -22,6 +24,7 @@ from app.telemetry.record import RequestRecord
 log = logging.getLogger("arbiter.usage")
 BATCH = 5000
 MAX_PENDING = 500_000  # records held while the database is away (~250 MB); past it the oldest go
+DROP_LOG_EVERY = 60.0  # seconds between two log lines about dropped records
 ROWS_PER_INSERT = 90  # 990 parameters: under the 999 of the oldest SQLite builds
 # A row of the ledger, in this order (see ``UsageLedger.add``).
 COLUMNS = ("at", "request_id", "project_id", "key_id", "operation", "model", "provider", "status",
@@ -37,11 +40,14 @@ class UsageLedger:
     the benchmark (bench/run.py) though the rows themselves are cheap. One statement per 90 rows
     hands over ~90 times less often."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, on_dropped: Callable[[int], Any] | None = None) -> None:
         self._database = database
         self._pending: list[tuple[Any, ...]] = []
         self._lock = asyncio.Lock()
         self.dropped = 0  # records given up: over MAX_PENDING during an outage, or unwritable
+        self._on_dropped = on_dropped  # the metric arbiter_usage_records_dropped_total
+        self._unlogged = 0  # dropped since the last log line about it
+        self._logged_at = -DROP_LOG_EVERY
         dialect = database.engine.dialect
         # The column's own conversion (SQLite stores a datetime as text in SQLAlchemy's format),
         # or the same text at half the cost when it gives the same answer.
@@ -58,8 +64,7 @@ class UsageLedger:
             return
         if len(self._pending) >= MAX_PENDING:
             del self._pending[: len(self._pending) - MAX_PENDING + 1]
-            self.dropped += 1
-            log.error("usage buffer full while the database is away: dropped the oldest record")
+            self._drop(1, f"the usage buffer is full ({MAX_PENDING} records) while the database is away")
         at = record.at or dt.datetime.now(dt.UTC)
         self._pending.append((
             at if self._at is None else self._at(at), record.request_id[:64], record.project_id,
@@ -71,20 +76,36 @@ class UsageLedger:
     def pending(self) -> int:
         return len(self._pending)
 
+    def _drop(self, count: int, why: str) -> None:
+        """Count records given up; log at most one line every ``DROP_LOG_EVERY`` seconds."""
+        self.dropped += count
+        if self._on_dropped is not None:
+            self._on_dropped(count)
+        self._unlogged += count
+        now = time.monotonic()
+        if now - self._logged_at >= DROP_LOG_EVERY:
+            log.error("%d usage record(s) dropped: %s (%d dropped since start)", self._unlogged, why,
+                      self.dropped)
+            self._unlogged, self._logged_at = 0, now
+
     async def flush(self) -> None:
         async with self._lock:  # one writer at a time: the timer and shutdown may meet
             while self._pending:
                 batch, self._pending = self._pending[:BATCH], self._pending[BATCH:]
                 try:
                     await asyncio.to_thread(self._write, batch)
-                except (DataError, IntegrityError):
-                    # Something in the batch cannot be stored at all: write row by row, so one bad
-                    # row never blocks every other record behind it.
-                    await asyncio.to_thread(self._write_one_by_one, batch)
-                except Exception:  # the database is away: keep the records and try again
-                    log.exception("writing %d usage records failed; will retry", len(batch))
-                    self._pending[:0] = batch
-                    return
+                except Exception as exc:  # noqa: BLE001 - sorted below: away, or about the rows
+                    if _database_away(exc):  # keep the records and try again later
+                        log.warning("writing %d usage records failed; will retry: %s", len(batch), exc)
+                        self._pending[:0] = batch
+                        return
+                    # Something in the batch cannot be stored at all (a DataError, an
+                    # IntegrityError, sqlite3's OverflowError for a number past 64 bits): write
+                    # row by row, so one bad row never blocks every other record behind it.
+                    unwritten = await asyncio.to_thread(self._write_one_by_one, batch)
+                    if unwritten:  # the database went away in the middle: those wait for the next try
+                        self._pending[:0] = unwritten
+                        return
 
     def _insert(self, rows: int) -> str:
         """INSERT of ``rows`` rows (cached: a batch needs at most two sizes)."""
@@ -103,14 +124,20 @@ class UsageLedger:
                 rows = batch[start:start + ROWS_PER_INSERT]
                 connection.exec_driver_sql(self._insert(len(rows)), tuple(chain.from_iterable(rows)))
 
-    def _write_one_by_one(self, batch: list[tuple[Any, ...]]) -> None:
-        for row in batch:
+    def _write_one_by_one(self, batch: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """Write ``batch`` a row at a time, dropping (and counting) the rows that cannot be stored.
+        Answers the rows not tried when the database went away in the middle."""
+        for index, row in enumerate(batch):
             try:
                 self._write([row])
-            except (DataError, IntegrityError) as exc:
-                self.dropped += 1
-                log.error("a usage record cannot be stored and is dropped (%s): %s", type(exc).__name__,
-                          {k: row[COLUMNS.index(k)] for k in ("request_id", "model", "status")})
+            except Exception as exc:  # noqa: BLE001 - sorted below: away, or about this row
+                if _database_away(exc):
+                    log.warning("writing usage records row by row failed; %d will be retried: %s",
+                                len(batch) - index, exc)
+                    return batch[index:]
+                shown = {k: row[COLUMNS.index(k)] for k in ("request_id", "model", "status")}
+                self._drop(1, f"a record cannot be stored ({type(exc).__name__}: {shown})")
+        return []
 
     async def run(self, interval: float) -> None:
         while True:
@@ -118,7 +145,19 @@ class UsageLedger:
             # Shielded: cancelling this loop at shutdown must not cancel a write whose batch is
             # already off the buffer (a queued write would be dropped). The final flush waits for
             # it on the lock, then writes the rest.
-            await asyncio.shield(self.flush())
+            try:
+                await asyncio.shield(self.flush())
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let the writer die: the records stay buffered
+                log.exception("the usage writer failed; it goes on at the next interval")
+
+
+def _database_away(exc: BaseException) -> bool:
+    """A connection-level failure (worth retrying later), not something about the rows."""
+    if isinstance(exc, (OperationalError, InterfaceError, PoolTimeout, ConnectionError)):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 def _sqlite_text(at: dt.datetime) -> str:

@@ -1,0 +1,110 @@
+"""The usage ledger's writer: a bad row, a database that goes away, and what is dropped is counted."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
+
+from app.db.models import UsageRecord
+from app.db.session import Database
+from app.decisions.forward import _count
+from app.telemetry.record import RequestRecord
+from app.telemetry.usage import UsageLedger
+from tests.support import Stack
+
+
+@pytest.fixture
+def db(db: Database) -> Database:
+    """The test database with a project the records belong to."""
+    Stack.provision(db)
+    return db
+
+
+def record(i: int, tokens: int = 10) -> RequestRecord:
+    return RequestRecord(request_id=f"r{i}", operation="decision", route="/v1/systemone", model="nimble",
+                         project_id=1, status=200, input_tokens=tokens, output_tokens=1)
+
+
+def rows(db: Database) -> int:
+    with db.session() as session:
+        return int(session.scalar(select(func.count()).select_from(UsageRecord)) or 0)
+
+
+def test_token_counts_past_the_bigint_range_are_unknown() -> None:
+    assert _count(2**63 - 1) == 2**63 - 1
+    assert _count(2**63) is None and _count(-1) is None and _count(True) is None and _count(1.0) is None
+
+
+def test_one_unstorable_row_is_dropped_and_counted_the_rest_written(db: Database) -> None:
+    """sqlite3 raises OverflowError (no DataError) for 2**63: it must not stop the ledger."""
+    counted: list[int] = []
+    ledger = UsageLedger(db, on_dropped=counted.append)
+    ledger.add(record(0, tokens=2**63))
+    for i in range(1, 20):
+        ledger.add(record(i))
+    asyncio.run(ledger.flush())
+    assert (rows(db), ledger.pending, ledger.dropped, sum(counted)) == (19, 0, 1, 1)
+
+
+def test_dropped_records_are_logged_at_most_once_a_minute(db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    ledger = UsageLedger(db)
+    for i in range(5):
+        ledger.add(record(i, tokens=2**64))
+    with caplog.at_level(logging.ERROR, "arbiter.usage"):
+        asyncio.run(ledger.flush())
+    assert ledger.dropped == 5
+    assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1
+
+
+def test_the_database_going_away_row_by_row_keeps_the_rest_and_the_writer_lives(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = UsageLedger(db)
+    ledger.add(record(0, tokens=2**63))
+    for i in range(1, 10):
+        ledger.add(record(i))
+    write = ledger._write
+    calls = [0]
+
+    def failing(batch: list[tuple[Any, ...]]) -> None:
+        calls[0] += 1
+        if calls[0] == 5:  # 1: the batch, 2: the bad row, 3-4: written, 5: the connection drops
+            raise OperationalError("INSERT", {}, Exception("server closed the connection unexpectedly"))
+        write(batch)
+
+    monkeypatch.setattr(ledger, "_write", failing)
+
+    async def scenario() -> bool:
+        task = asyncio.create_task(ledger.run(0.05))
+        await asyncio.sleep(0.02)
+        await ledger.flush()
+        assert (rows(db), ledger.pending, ledger.dropped) == (2, 7, 1)
+        await asyncio.sleep(0.2)  # the timer writes the rest
+        alive = not task.done()
+        task.cancel()
+        return alive
+
+    assert asyncio.run(scenario())
+    assert (rows(db), ledger.pending, ledger.dropped) == (9, 0, 1)
+
+
+def test_the_writer_survives_an_unexpected_failure(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = UsageLedger(db)
+
+    async def broken() -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ledger, "flush", broken)
+
+    async def scenario() -> bool:
+        task = asyncio.create_task(ledger.run(0.01))
+        await asyncio.sleep(0.1)
+        alive = not task.done()
+        task.cancel()
+        return alive
+
+    assert asyncio.run(scenario())
