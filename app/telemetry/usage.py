@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import os
 import time
 from collections.abc import Callable
 from itertools import chain
@@ -25,10 +26,12 @@ log = logging.getLogger("arbiter.usage")
 BATCH = 5000
 MAX_PENDING = 500_000  # records held while the database is away (~250 MB); past it the oldest go
 DROP_LOG_EVERY = 60.0  # seconds between two log lines about dropped records
-ROWS_PER_INSERT = 90  # 990 parameters: under the 999 of the oldest SQLite builds
 # A row of the ledger, in this order (see ``UsageLedger.add``).
 COLUMNS = ("at", "request_id", "project_id", "key_id", "operation", "model", "provider", "status",
-           "input_tokens", "output_tokens", "latency_ms")
+           "input_tokens", "output_tokens", "latency_ms", "record_uid")
+# ``add`` builds the row without its last column, the uid: the writer adds it when it takes a batch.
+WITHOUT_UID = len(COLUMNS) - 1
+ROWS_PER_INSERT = 999 // len(COLUMNS)  # 83 rows, 996 parameters: under the 999 of the oldest SQLite builds
 
 
 class UsageLedger:
@@ -37,8 +40,8 @@ class UsageLedger:
     The writer runs in a thread. The ORM's bulk insert (or any executemany) steps the database
     once per row, and the driver lets go of the GIL at every step: thousands of handovers a
     second between the writer and the event loop, which cost ~17% of the CPU of a decision in
-    the benchmark (bench/run.py) though the rows themselves are cheap. One statement per 90 rows
-    hands over ~90 times less often."""
+    the benchmark (bench/run.py) though the rows themselves are cheap. One statement per 83 rows
+    hands over ~83 times less often."""
 
     def __init__(self, database: Database, on_dropped: Callable[[int], Any] | None = None) -> None:
         self._database = database
@@ -91,7 +94,7 @@ class UsageLedger:
     async def flush(self) -> None:
         async with self._lock:  # one writer at a time: the timer and shutdown may meet
             while self._pending:
-                batch, self._pending = self._pending[:BATCH], self._pending[BATCH:]
+                batch, self._pending = _with_uids(self._pending[:BATCH]), self._pending[BATCH:]
                 try:
                     await asyncio.to_thread(self._write, batch)
                 except Exception as exc:  # noqa: BLE001 - sorted below: away, or about the rows
@@ -112,8 +115,11 @@ class UsageLedger:
         sql = self._inserts.get(rows)
         if sql is None:
             row = "(" + ", ".join([self._mark] * len(COLUMNS)) + ")"
+            # A retried batch whose first COMMIT landed (the answer lost) inserts nothing twice.
+            # ON CONFLICT with a target (not SQLite's INSERT OR IGNORE, which would also skip a
+            # NOT NULL violation silently): only a uid already there is skipped.
             sql = (f"INSERT INTO {UsageRecord.__tablename__} ({', '.join(COLUMNS)}) VALUES "
-                   + ", ".join([row] * rows))
+                   + ", ".join([row] * rows) + " ON CONFLICT (record_uid) DO NOTHING")
             if len(self._inserts) < 16:
                 self._inserts[rows] = sql
         return sql
@@ -151,6 +157,15 @@ class UsageLedger:
                 raise
             except Exception:  # never let the writer die: the records stay buffered
                 log.exception("the usage writer failed; it goes on at the next interval")
+
+
+def _with_uids(batch: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The batch with a unique id at the end of every row that has none yet (a re-queued row keeps
+    the one it was first tried with). 96 random bits per batch and the row's place in it: one
+    ``urandom`` per batch, not per request."""
+    prefix = os.urandom(12).hex()
+    return [row if len(row) > WITHOUT_UID else (*row, f"{prefix}{index:08x}")
+            for index, row in enumerate(batch)]
 
 
 def _database_away(exc: BaseException) -> bool:

@@ -108,3 +108,27 @@ def test_the_writer_survives_an_unexpected_failure(db: Database, monkeypatch: py
         return alive
 
     assert asyncio.run(scenario())
+
+
+def test_a_batch_whose_commit_landed_but_whose_answer_was_lost_is_not_written_twice(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = UsageLedger(db)
+    for i in range(200):  # more than one INSERT statement's worth
+        ledger.add(record(i))
+    write = ledger._write
+    lost = [True]
+
+    def commit_then_lose_the_answer(batch: list[tuple[Any, ...]]) -> None:
+        write(batch)
+        if lost.pop() if lost else False:
+            raise OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+
+    monkeypatch.setattr(ledger, "_write", commit_then_lose_the_answer)
+    asyncio.run(ledger.flush())
+    assert (rows(db), ledger.pending) == (200, 200)  # written, but the ledger cannot know
+    asyncio.run(ledger.flush())
+    with db.session() as session:
+        ids = list(session.scalars(select(UsageRecord.request_id)))
+        uids = set(session.scalars(select(UsageRecord.record_uid)))
+    assert (len(ids), len(set(ids)), ledger.pending) == (200, 200, 0)
+    assert len(uids) == 200 and all(uid and len(uid) == 32 for uid in uids)
