@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
 import os
 import time
 from collections.abc import Callable
 from itertools import chain
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import case, func, select
@@ -25,6 +27,8 @@ from app.telemetry.record import RequestRecord
 log = logging.getLogger("arbiter.usage")
 BATCH = 5000
 MAX_PENDING = 500_000  # records held while the database is away (~250 MB); past it the oldest go
+SHUTDOWN_RETRY = 5.0  # seconds a shutdown keeps trying a database that is away, before the spool
+SPOOL_GLOB = "arbiter-usage-spool-*.jsonl"
 DROP_LOG_EVERY = 60.0  # seconds between two log lines about dropped records
 # A row of the ledger, in this order (see ``UsageLedger.add``).
 COLUMNS = ("at", "request_id", "project_id", "key_id", "operation", "model", "provider", "status",
@@ -43,8 +47,10 @@ class UsageLedger:
     the benchmark (bench/run.py) though the rows themselves are cheap. One statement per 83 rows
     hands over ~83 times less often."""
 
-    def __init__(self, database: Database, on_dropped: Callable[[int], Any] | None = None) -> None:
+    def __init__(self, database: Database, on_dropped: Callable[[int], Any] | None = None,
+                 spool_dir: str | Path | None = None) -> None:
         self._database = database
+        self._spool_dir = Path(spool_dir) if spool_dir is not None else None
         self._pending: list[tuple[Any, ...]] = []
         self._lock = asyncio.Lock()
         self.dropped = 0  # records given up: over MAX_PENDING during an outage, or unwritable
@@ -109,6 +115,78 @@ class UsageLedger:
                     if unwritten:  # the database went away in the middle: those wait for the next try
                         self._pending[:0] = unwritten
                         return
+
+    async def close(self, retry_for: float = SHUTDOWN_RETRY) -> None:
+        """The shutdown's flush: retry a database that is away for ``retry_for`` seconds, then keep
+        what is left in a spool file the next start writes (``load_spool``). Counted as dropped
+        only when even that fails."""
+        deadline = time.monotonic() + retry_for
+        await self.flush()
+        while self._pending and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            await self.flush()
+        if not self._pending:
+            return
+        async with self._lock:
+            rows, self._pending = _with_uids(self._pending), []
+            try:
+                path = await asyncio.to_thread(self._spool, rows)
+            except Exception as exc:  # noqa: BLE001 - reported and counted: nothing else can be done
+                log.error("the database is away at shutdown and the usage spool could not be written "
+                          "(%s): %d usage records are lost", exc, len(rows))
+                self._drop(len(rows), "lost at shutdown")
+                return
+        log.error("the database is away at shutdown: %d usage records kept in %s, written at the next start",
+                  len(rows), path)
+
+    def _spool(self, rows: list[tuple[Any, ...]]) -> Path:
+        if self._spool_dir is None:
+            raise OSError("no spool directory")
+        self._spool_dir.mkdir(parents=True, exist_ok=True)
+        path = self._spool_dir / f"arbiter-usage-spool-{os.getpid()}-{os.urandom(4).hex()}.jsonl"
+        part = path.with_suffix(".part")
+        with part.open("w", encoding="utf-8") as out:
+            for row in rows:
+                at = row[0]
+                out.write(json.dumps([at.isoformat() if isinstance(at, dt.datetime) else at, *row[1:]]) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        part.replace(path)  # whole, or not there
+        return path
+
+    def load_spool(self) -> int:
+        """Put the records a shutdown left in spool files back in the buffer (they keep their uids:
+        written twice, they are stored once). A file is claimed by renaming it, so two replicas
+        starting together never both take it. Answers how many records were loaded."""
+        if self._spool_dir is None or not self._spool_dir.is_dir():
+            return 0
+        loaded: list[tuple[Any, ...]] = []
+        for path in sorted(self._spool_dir.glob(SPOOL_GLOB)):
+            claimed = path.with_name(f"{path.name}.{os.getpid()}-{os.urandom(4).hex()}.loading")
+            try:
+                path.rename(claimed)
+            except OSError:  # another replica took it
+                continue
+            try:
+                with claimed.open(encoding="utf-8") as spool:
+                    for line in spool:
+                        if line.strip():
+                            loaded.append(self._from_spool(json.loads(line)))
+            except (OSError, ValueError, TypeError) as exc:
+                log.error("usage spool %s cannot be read (%s): left as %s", path, exc, claimed.name)
+                continue
+            claimed.unlink()
+        if loaded:
+            self._pending[:0] = loaded
+            log.warning("loaded %d usage records a shutdown had kept in the spool", len(loaded))
+        return len(loaded)
+
+    def _from_spool(self, values: list[Any]) -> tuple[Any, ...]:
+        if len(values) != len(COLUMNS):
+            raise ValueError(f"a spooled row has {len(values)} values, not {len(COLUMNS)}")
+        at = dt.datetime.fromisoformat(values[0])
+        at = at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)  # SQLite's text is UTC
+        return (at if self._at is None else self._at(at), *values[1:])
 
     def _insert(self, rows: int) -> str:
         """INSERT of ``rows`` rows (cached: a batch needs at most two sizes)."""

@@ -132,3 +132,60 @@ def test_a_batch_whose_commit_landed_but_whose_answer_was_lost_is_not_written_tw
         uids = set(session.scalars(select(UsageRecord.record_uid)))
     assert (len(ids), len(set(ids)), ledger.pending) == (200, 200, 0)
     assert len(uids) == 200 and all(uid and len(uid) == 32 for uid in uids)
+
+
+def away(batch: list[tuple[Any, ...]]) -> None:
+    raise OperationalError("INSERT", {}, Exception("connection refused"))
+
+
+def test_a_shutdown_with_the_database_away_keeps_the_records_for_the_next_start(
+        db: Database, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = UsageLedger(db, spool_dir=tmp_path)
+    for i in range(10):
+        ledger.add(record(i))
+    monkeypatch.setattr(ledger, "_write", away)
+    asyncio.run(ledger.close(retry_for=0.2))
+    assert (ledger.pending, ledger.dropped, rows(db)) == (0, 0, 0)
+    assert len(list(tmp_path.glob("arbiter-usage-spool-*.jsonl"))) == 1
+
+    again = UsageLedger(db, spool_dir=tmp_path)  # the next start
+    assert again.load_spool() == 10
+    assert list(tmp_path.iterdir()) == []
+    asyncio.run(again.flush())
+    assert again.load_spool() == 0 and rows(db) == 10
+    with db.session() as session:
+        written = list(session.scalars(select(UsageRecord).order_by(UsageRecord.id)))
+    assert [r.request_id for r in written] == [f"r{i}" for i in range(10)]
+    assert all(r.at.year >= 2026 and r.record_uid for r in written)
+
+
+def test_a_shutdown_that_cannot_spool_either_counts_and_logs_what_is_lost(
+        db: Database, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "file").write_text("")
+    counted: list[int] = []
+    ledger = UsageLedger(db, on_dropped=counted.append, spool_dir=tmp_path / "file")  # no directory
+    for i in range(7):
+        ledger.add(record(i))
+    monkeypatch.setattr(ledger, "_write", away)
+    with caplog.at_level(logging.ERROR, "arbiter.usage"):
+        asyncio.run(ledger.close(retry_for=0.0))
+    assert (ledger.pending, ledger.dropped, sum(counted)) == (0, 7, 7)
+    assert any("7 usage records are lost" in r.getMessage() for r in caplog.records)
+
+
+def test_a_shutdown_retries_a_database_that_comes_back(db: Database, monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Any) -> None:
+    ledger = UsageLedger(db, spool_dir=tmp_path)
+    for i in range(3):
+        ledger.add(record(i))
+    write, failures = ledger._write, [1, 1]
+
+    def back_after_two(batch: list[tuple[Any, ...]]) -> None:
+        if failures:
+            failures.pop()
+            away(batch)
+        write(batch)
+
+    monkeypatch.setattr(ledger, "_write", back_after_two)
+    asyncio.run(ledger.close(retry_for=3.0))
+    assert (rows(db), ledger.pending, list(tmp_path.iterdir())) == (3, 0, [])
