@@ -105,6 +105,7 @@ class Components:
         await self.mesh.start()
         self._tasks = [
             asyncio.create_task(self.registry.run(self.settings.registry_refresh_interval)),
+            asyncio.create_task(self.mesh.run(self.settings.registry_refresh_interval)),
             asyncio.create_task(self.touches.run(self.settings.flush_interval)),
             asyncio.create_task(self.ledger.run(self.settings.flush_interval)),
             # Versions and models are read at start-up (in the background: a slow backend must
