@@ -195,6 +195,14 @@ def _redis_client(settings: Settings) -> Any:
     if settings.redis_url is None:
         return None
     import redis.asyncio
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
 
+    # After an outage the pool still holds connections Redis closed: a command on one fails
+    # once, then goes through on a new connection (the rate limiter's own 1 s bound still holds).
     return redis.asyncio.from_url(settings.redis_url.get_secret_value(), socket_timeout=1.0,
-                                  socket_connect_timeout=1.0, health_check_interval=15)
+                                  socket_connect_timeout=1.0, health_check_interval=15,
+                                  retry=Retry(NoBackoff(), 1),
+                                  retry_on_error=[RedisConnectionError, RedisTimeoutError])
