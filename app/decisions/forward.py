@@ -222,8 +222,8 @@ class Forwarder:
         usage = answer.get("usage")
         tokens_in = tokens_out = None
         if isinstance(usage, dict):
-            tokens_in = _count(usage.get("input_tokens"))
-            tokens_out = _count(usage.get("output_tokens"))
+            tokens_in = token_count(usage.get("input_tokens"))
+            tokens_out = token_count(usage.get("output_tokens"))
         return Outcome(200, "application/json", _with_model(reply.body, answer, replica.backend_name, model),
                        replica.provider, waited, tokens_in, tokens_out)
 
@@ -318,5 +318,5 @@ def _model_pair(backend_name: str) -> re.Pattern[bytes]:
 BIGINT_MAX = 2**63 - 1  # the ledger's token columns; past it a count is as good as unknown
 
 
-def _count(value: Any) -> int | None:
+def token_count(value: Any) -> int | None:
     return value if type(value) is int and 0 <= value <= BIGINT_MAX else None

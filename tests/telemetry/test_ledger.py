@@ -12,7 +12,7 @@ from sqlalchemy.exc import OperationalError
 
 from app.db.models import UsageRecord
 from app.db.session import Database
-from app.decisions.forward import _count
+from app.decisions.forward import token_count
 from app.telemetry.record import RequestRecord
 from app.telemetry.usage import UsageLedger
 from tests.support import Stack
@@ -36,8 +36,8 @@ def rows(db: Database) -> int:
 
 
 def test_token_counts_past_the_bigint_range_are_unknown() -> None:
-    assert _count(2**63 - 1) == 2**63 - 1
-    assert _count(2**63) is None and _count(-1) is None and _count(True) is None and _count(1.0) is None
+    assert token_count(2**63 - 1) == 2**63 - 1
+    assert token_count(2**63) is None and token_count(-1) is None and token_count(True) is None and token_count(1.0) is None
 
 
 def test_one_unstorable_row_is_dropped_and_counted_the_rest_written(db: Database) -> None:
