@@ -42,11 +42,19 @@ class ChangeBus:
         if self._redis is None:
             return
         delay = 0.5
+        interrupted = False
         while True:
             pubsub = self._redis.pubsub()
             try:
                 await pubsub.subscribe(self.channel)
                 delay = 0.5
+                if interrupted:
+                    # Messages published while the connection was down are gone: apply every kind
+                    # once (drop cached keys, reload models and peers), so none is missed.
+                    interrupted = False
+                    log.info("change notifications back; catching up on what may have been missed")
+                    for kind, handler in handlers.items():
+                        await _apply(kind, handler)
                 async for message in pubsub.listen():
                     if message.get("type") != "message":
                         continue
@@ -58,6 +66,7 @@ class ChangeBus:
                 raise
             except (RedisError, OSError, TimeoutError) as exc:  # Redis away: retry, the TTLs cover the gap
                 log.warning("change notifications interrupted (%s); reconnecting", type(exc).__name__)
+                interrupted = True
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
             finally:

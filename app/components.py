@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pydantic_core
 from prometheus_client import start_http_server
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -62,7 +64,9 @@ class Components:
         self.sync = SyncLoop(self.database, settings, self.changed_models)
         self.installer = Installer(self.database, settings, self.changed_models)
         self.touches = KeyTouches(self.database)
-        self.ledger = UsageLedger(self.database)
+        self.ledger = UsageLedger(self.database, on_dropped=self.metrics.usage_dropped.inc,
+                                  spool_dir=_spool_dir(settings))
+        self.metrics.usage_pending.set_function(lambda: float(self.ledger.pending))  # read at scrape time
         self.observer = Observer(self.metrics, self.ledger, log_payloads=settings.log_payloads,
                                  is_known=self.registry.known)
         self._tasks: list[asyncio.Task[None]] = []
@@ -93,6 +97,7 @@ class Components:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()  # for tools and tests that look inside from outside
         await asyncio.to_thread(self.prepare_database)
+        await asyncio.to_thread(self.ledger.load_spool)  # what a shutdown could not write: written soon
         if self.settings.metrics_port is not None:
             self._metrics_server = start_http_server(self.settings.metrics_port, self.settings.metrics_host,
                                                      registry=self.metrics.registry)
@@ -100,6 +105,7 @@ class Components:
         await self.mesh.start()
         self._tasks = [
             asyncio.create_task(self.registry.run(self.settings.registry_refresh_interval)),
+            asyncio.create_task(self.mesh.run(self.settings.registry_refresh_interval)),
             asyncio.create_task(self.touches.run(self.settings.flush_interval)),
             asyncio.create_task(self.ledger.run(self.settings.flush_interval)),
             # Versions and models are read at start-up (in the background: a slow backend must
@@ -123,7 +129,7 @@ class Components:
             ("installs", self.installer.aclose),
             ("sync lease", lambda: asyncio.to_thread(self.sync.release)),
             ("key touches", self.touches.flush),
-            ("usage", self.ledger.flush),
+            ("usage", self.ledger.close),
             ("backends", self.registry.aclose),
         ]
         shutdown = getattr(self.tracing.provider, "shutdown", None)
@@ -175,10 +181,28 @@ class Components:
         return await self.database.in_session(checked)
 
 
+def _spool_dir(settings: Settings) -> Path:
+    """ARBITER_USAGE_SPOOL_DIR, or the SQLite database's directory, or the working directory."""
+    if settings.usage_spool_dir:
+        return Path(settings.usage_spool_dir)
+    url = make_url(settings.sqlalchemy_url())
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        return Path(url.database).resolve().parent
+    return Path.cwd()
+
+
 def _redis_client(settings: Settings) -> Any:
     if settings.redis_url is None:
         return None
     import redis.asyncio
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
 
+    # After an outage the pool still holds connections Redis closed: a command on one fails
+    # once, then goes through on a new connection (the rate limiter's own 1 s bound still holds).
     return redis.asyncio.from_url(settings.redis_url.get_secret_value(), socket_timeout=1.0,
-                                  socket_connect_timeout=1.0, health_check_interval=15)
+                                  socket_connect_timeout=1.0, health_check_interval=15,
+                                  retry=Retry(NoBackoff(), 1),
+                                  retry_on_error=[RedisConnectionError, RedisTimeoutError])

@@ -114,6 +114,9 @@ class Settings(BaseSettings):
 
     # Background writes.
     flush_interval: float = Field(1.0, gt=0, description="Seconds between batched writes.")
+    usage_spool_dir: str | None = Field(
+        None, description="Where usage records the database never took at a shutdown are kept for the next "
+        "start (default: the SQLite database's directory, or the working directory).")
 
     # Observability.
     log_level: str = Field("INFO", description="Log level of the JSON logs.")

@@ -77,3 +77,79 @@ def test_deployments_on_other_redis_databases_are_not_heard() -> None:
     seen, mine, theirs = asyncio.run(scenario())
     assert seen == ["same database"]
     assert mine != theirs and mine.startswith("arbiter:changes:")
+
+
+def test_changes_missed_while_redis_was_away_are_caught_up_on_reconnecting() -> None:
+    """A key revoked while this replica's subscription was down: its message is gone, so the
+    listener applies every kind of change once when it is back."""
+    from tests.reliability.proxy import TcpProxy
+
+    try:
+        redis.Redis.from_url(REDIS, socket_timeout=1).ping()
+    except redis.RedisError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    host_port, db = REDIS.split("//", 1)[1].rsplit("/", 1)
+    proxy = TcpProxy(host_port.split(":")[0], int(host_port.split(":")[1])).up()
+
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+        listener_client = redis.asyncio.from_url(f"redis://127.0.0.1:{proxy.port}/{db}", socket_timeout=1)
+        sender_client = redis.asyncio.from_url(REDIS)
+        listener, sender = ChangeBus(listener_client), ChangeBus(sender_client)
+
+        async def keys() -> None:
+            seen.append("keys")
+
+        async def models() -> None:
+            seen.append("models")
+
+        task = asyncio.create_task(listener.listen({"keys": keys, "models": models}))
+        await asyncio.sleep(0.3)
+        proxy.down()
+        await asyncio.sleep(0.3)
+        await sender.publish("keys")  # missed: nobody is subscribed through the proxy
+        proxy.up()
+        for _ in range(50):
+            if seen:
+                break
+            await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await listener_client.aclose()
+        await sender_client.aclose()
+        return seen
+
+    try:
+        assert sorted(asyncio.run(scenario())) == ["keys", "models"]
+    finally:
+        proxy.stop()
+
+
+def test_the_first_command_after_a_redis_blip_goes_through() -> None:
+    """The pool's connections died with the blip: the first command on one is retried once on a
+    new connection, not failed (a spurious 503 from the rate limiter)."""
+    from app.components import _redis_client
+    from app.settings import Settings
+    from tests.reliability.proxy import TcpProxy
+
+    try:
+        redis.Redis.from_url(REDIS, socket_timeout=1).ping()
+    except redis.RedisError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    host_port, db = REDIS.split("//", 1)[1].rsplit("/", 1)
+    proxy = TcpProxy(host_port.split(":")[0], int(host_port.split(":")[1])).up()
+    settings = Settings(database_url="sqlite://", redis_url=f"redis://127.0.0.1:{proxy.port}/{db}")
+
+    async def scenario() -> list[bool]:
+        client = _redis_client(settings)
+        answers = [bool(await client.ping())]
+        proxy.down()
+        proxy.up()
+        answers.append(bool(await client.ping()))
+        await client.aclose()
+        return answers
+
+    try:
+        assert asyncio.run(scenario()) == [True, True]
+    finally:
+        proxy.stop()

@@ -136,7 +136,8 @@ class UsageRecord(Base):
     """One decision (or chat) request as billed: written in batches, never updated."""
 
     __tablename__ = "usage_records"
-    __table_args__ = (Index("ix_usage_project_at", "project_id", "at"), Index("ix_usage_at", "at"))
+    __table_args__ = (Index("ix_usage_project_at", "project_id", "at"), Index("ix_usage_at", "at"),
+                      Index("ux_usage_record_uid", "record_uid", unique=True))
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
@@ -150,6 +151,9 @@ class UsageRecord(Base):
     input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     latency_ms: Mapped[float] = mapped_column(Float)
+    # Made by the ledger when it writes the row: a retried batch whose first COMMIT did land (its
+    # answer lost on the way back) inserts nothing twice. NULL on rows from before 0008.
+    record_uid: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class Lease(Base):

@@ -222,8 +222,8 @@ class Forwarder:
         usage = answer.get("usage")
         tokens_in = tokens_out = None
         if isinstance(usage, dict):
-            tokens_in = _count(usage.get("input_tokens"))
-            tokens_out = _count(usage.get("output_tokens"))
+            tokens_in = token_count(usage.get("input_tokens"))
+            tokens_out = token_count(usage.get("output_tokens"))
         return Outcome(200, "application/json", _with_model(reply.body, answer, replica.backend_name, model),
                        replica.provider, waited, tokens_in, tokens_out)
 
@@ -315,5 +315,8 @@ def _model_pair(backend_name: str) -> re.Pattern[bytes]:
     return re.compile(rb'"model"[ \t\r\n]*:[ \t\r\n]*(' + re.escape(orjson.dumps(backend_name)) + rb")")
 
 
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+BIGINT_MAX = 2**63 - 1  # the ledger's token columns; past it a count is as good as unknown
+
+
+def token_count(value: Any) -> int | None:
+    return value if type(value) is int and 0 <= value <= BIGINT_MAX else None

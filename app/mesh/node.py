@@ -115,6 +115,7 @@ class Mesh:
             self._add_outbound(url, "config", None)
         self._tasks["sweep"] = asyncio.create_task(self._sweep())
         await self.reload_peers()
+        self._publish()
         log.info("mesh node %s at %s; peers: %s", self.name, self.url,
                  ", ".join(p.url or "?" for p in self._peers.values()) or "none yet")
 
@@ -145,13 +146,29 @@ class Mesh:
 
         stored = await asyncio.to_thread(read)
         wanted = {url: peer_id for peer_id, url in stored}
+        changed = False
         for key, peer in list(self._peers.items()):
             if peer.source == "admin" and peer.url not in wanted:
                 self._drop(key)
+                changed = True
         for url, peer_id in wanted.items():
             if f"out:{url}" not in self._peers:
                 self._add_outbound(url, "admin", peer_id)
-        self._publish()
+                changed = True
+        if changed:
+            self._publish()
+
+    async def run(self, interval: float) -> None:
+        """Reload the admin's peers on a schedule: replicas of this node without Redis (no "mesh"
+        message) learn of a peer added or removed on another one within ``interval``."""
+        if not self.enabled:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.reload_peers()
+            except Exception:  # the database may be away: keep the peers we have
+                log.exception("reloading mesh peers failed; keeping the current ones")
 
     def _add_outbound(self, url: str, source: str, peer_id: int | None) -> None:
         key = f"out:{url}"

@@ -41,6 +41,12 @@ class Metrics:
                                     registry=self.registry)
         self.redis_up = Gauge("arbiter_redis_up", "1 when the shared rate-limit store (Redis) answers, "
                               "0 when it does not (absent without Redis).", registry=self.registry)
+        self.usage_dropped = Counter("arbiter_usage_records_dropped",
+                                     "Usage records given up: unstorable, over the buffer's limit during a "
+                                     "database outage, or left at a shutdown the database never came back for.",
+                                     registry=self.registry)
+        self.usage_pending = Gauge("arbiter_usage_pending", "Usage records buffered, not yet in the database.",
+                                   registry=self.registry)
         self.overhead = LoopHistogram("arbiter_gateway_overhead_seconds",
                                       "Time a request spent in the gateway itself (total minus waiting on the backend).",
                                       ["gen_ai_operation_name"], buckets=OVERHEAD_BUCKETS, registry=self.registry)

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
+import os
+import time
 from collections.abc import Callable
 from itertools import chain
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import case, func, select
-from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from app.db.models import Project, UsageRecord
@@ -22,10 +27,15 @@ from app.telemetry.record import RequestRecord
 log = logging.getLogger("arbiter.usage")
 BATCH = 5000
 MAX_PENDING = 500_000  # records held while the database is away (~250 MB); past it the oldest go
-ROWS_PER_INSERT = 90  # 990 parameters: under the 999 of the oldest SQLite builds
+SHUTDOWN_RETRY = 5.0  # seconds a shutdown keeps trying a database that is away, before the spool
+SPOOL_GLOB = "arbiter-usage-spool-*.jsonl"
+DROP_LOG_EVERY = 60.0  # seconds between two log lines about dropped records
 # A row of the ledger, in this order (see ``UsageLedger.add``).
 COLUMNS = ("at", "request_id", "project_id", "key_id", "operation", "model", "provider", "status",
-           "input_tokens", "output_tokens", "latency_ms")
+           "input_tokens", "output_tokens", "latency_ms", "record_uid")
+# ``add`` builds the row without its last column, the uid: the writer adds it when it takes a batch.
+WITHOUT_UID = len(COLUMNS) - 1
+ROWS_PER_INSERT = 999 // len(COLUMNS)  # 83 rows, 996 parameters: under the 999 of the oldest SQLite builds
 
 
 class UsageLedger:
@@ -34,14 +44,19 @@ class UsageLedger:
     The writer runs in a thread. The ORM's bulk insert (or any executemany) steps the database
     once per row, and the driver lets go of the GIL at every step: thousands of handovers a
     second between the writer and the event loop, which cost ~17% of the CPU of a decision in
-    the benchmark (bench/run.py) though the rows themselves are cheap. One statement per 90 rows
-    hands over ~90 times less often."""
+    the benchmark (bench/run.py) though the rows themselves are cheap. One statement per 83 rows
+    hands over ~83 times less often."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, on_dropped: Callable[[int], Any] | None = None,
+                 spool_dir: str | Path | None = None) -> None:
         self._database = database
+        self._spool_dir = Path(spool_dir) if spool_dir is not None else None
         self._pending: list[tuple[Any, ...]] = []
         self._lock = asyncio.Lock()
         self.dropped = 0  # records given up: over MAX_PENDING during an outage, or unwritable
+        self._on_dropped = on_dropped  # the metric arbiter_usage_records_dropped_total
+        self._unlogged = 0  # dropped since the last log line about it
+        self._logged_at = -DROP_LOG_EVERY
         dialect = database.engine.dialect
         # The column's own conversion (SQLite stores a datetime as text in SQLAlchemy's format),
         # or the same text at half the cost when it gives the same answer.
@@ -58,8 +73,7 @@ class UsageLedger:
             return
         if len(self._pending) >= MAX_PENDING:
             del self._pending[: len(self._pending) - MAX_PENDING + 1]
-            self.dropped += 1
-            log.error("usage buffer full while the database is away: dropped the oldest record")
+            self._drop(1, f"the usage buffer is full ({MAX_PENDING} records) while the database is away")
         at = record.at or dt.datetime.now(dt.UTC)
         self._pending.append((
             at if self._at is None else self._at(at), record.request_id[:64], record.project_id,
@@ -71,28 +85,119 @@ class UsageLedger:
     def pending(self) -> int:
         return len(self._pending)
 
+    def _drop(self, count: int, why: str) -> None:
+        """Count records given up; log at most one line every ``DROP_LOG_EVERY`` seconds."""
+        self.dropped += count
+        if self._on_dropped is not None:
+            self._on_dropped(count)
+        self._unlogged += count
+        now = time.monotonic()
+        if now - self._logged_at >= DROP_LOG_EVERY:
+            log.error("%d usage record(s) dropped: %s (%d dropped since start)", self._unlogged, why,
+                      self.dropped)
+            self._unlogged, self._logged_at = 0, now
+
     async def flush(self) -> None:
         async with self._lock:  # one writer at a time: the timer and shutdown may meet
             while self._pending:
-                batch, self._pending = self._pending[:BATCH], self._pending[BATCH:]
+                batch, self._pending = _with_uids(self._pending[:BATCH]), self._pending[BATCH:]
                 try:
                     await asyncio.to_thread(self._write, batch)
-                except (DataError, IntegrityError):
-                    # Something in the batch cannot be stored at all: write row by row, so one bad
-                    # row never blocks every other record behind it.
-                    await asyncio.to_thread(self._write_one_by_one, batch)
-                except Exception:  # the database is away: keep the records and try again
-                    log.exception("writing %d usage records failed; will retry", len(batch))
-                    self._pending[:0] = batch
-                    return
+                except Exception as exc:  # noqa: BLE001 - sorted below: away, or about the rows
+                    if _database_away(exc):  # keep the records and try again later
+                        log.warning("writing %d usage records failed; will retry: %s", len(batch), exc)
+                        self._pending[:0] = batch
+                        return
+                    # Something in the batch cannot be stored at all (a DataError, an
+                    # IntegrityError, sqlite3's OverflowError for a number past 64 bits): write
+                    # row by row, so one bad row never blocks every other record behind it.
+                    unwritten = await asyncio.to_thread(self._write_one_by_one, batch)
+                    if unwritten:  # the database went away in the middle: those wait for the next try
+                        self._pending[:0] = unwritten
+                        return
+
+    async def close(self, retry_for: float = SHUTDOWN_RETRY) -> None:
+        """The shutdown's flush: retry a database that is away for ``retry_for`` seconds, then keep
+        what is left in a spool file the next start writes (``load_spool``). Counted as dropped
+        only when even that fails."""
+        deadline = time.monotonic() + retry_for
+        await self.flush()
+        while self._pending and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+            await self.flush()
+        if not self._pending:
+            return
+        async with self._lock:
+            rows, self._pending = _with_uids(self._pending), []
+            try:
+                path = await asyncio.to_thread(self._spool, rows)
+            except Exception as exc:  # noqa: BLE001 - reported and counted: nothing else can be done
+                log.error("the database is away at shutdown and the usage spool could not be written "
+                          "(%s): %d usage records are lost", exc, len(rows))
+                self._drop(len(rows), "lost at shutdown")
+                return
+        log.error("the database is away at shutdown: %d usage records kept in %s, written at the next start",
+                  len(rows), path)
+
+    def _spool(self, rows: list[tuple[Any, ...]]) -> Path:
+        if self._spool_dir is None:
+            raise OSError("no spool directory")
+        self._spool_dir.mkdir(parents=True, exist_ok=True)
+        path = self._spool_dir / f"arbiter-usage-spool-{os.getpid()}-{os.urandom(4).hex()}.jsonl"
+        part = path.with_suffix(".part")
+        with part.open("w", encoding="utf-8") as out:
+            for row in rows:
+                at = row[0]
+                out.write(json.dumps([at.isoformat() if isinstance(at, dt.datetime) else at, *row[1:]]) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        part.replace(path)  # whole, or not there
+        return path
+
+    def load_spool(self) -> int:
+        """Put the records a shutdown left in spool files back in the buffer (they keep their uids:
+        written twice, they are stored once). A file is claimed by renaming it, so two replicas
+        starting together never both take it. Answers how many records were loaded."""
+        if self._spool_dir is None or not self._spool_dir.is_dir():
+            return 0
+        loaded: list[tuple[Any, ...]] = []
+        for path in sorted(self._spool_dir.glob(SPOOL_GLOB)):
+            claimed = path.with_name(f"{path.name}.{os.getpid()}-{os.urandom(4).hex()}.loading")
+            try:
+                path.rename(claimed)
+            except OSError:  # another replica took it
+                continue
+            try:
+                with claimed.open(encoding="utf-8") as spool:
+                    for line in spool:
+                        if line.strip():
+                            loaded.append(self._from_spool(json.loads(line)))
+            except (OSError, ValueError, TypeError) as exc:
+                log.error("usage spool %s cannot be read (%s): left as %s", path, exc, claimed.name)
+                continue
+            claimed.unlink()
+        if loaded:
+            self._pending[:0] = loaded
+            log.warning("loaded %d usage records a shutdown had kept in the spool", len(loaded))
+        return len(loaded)
+
+    def _from_spool(self, values: list[Any]) -> tuple[Any, ...]:
+        if len(values) != len(COLUMNS):
+            raise ValueError(f"a spooled row has {len(values)} values, not {len(COLUMNS)}")
+        at = dt.datetime.fromisoformat(values[0])
+        at = at if at.tzinfo is not None else at.replace(tzinfo=dt.UTC)  # SQLite's text is UTC
+        return (at if self._at is None else self._at(at), *values[1:])
 
     def _insert(self, rows: int) -> str:
         """INSERT of ``rows`` rows (cached: a batch needs at most two sizes)."""
         sql = self._inserts.get(rows)
         if sql is None:
             row = "(" + ", ".join([self._mark] * len(COLUMNS)) + ")"
+            # A retried batch whose first COMMIT landed (the answer lost) inserts nothing twice.
+            # ON CONFLICT with a target (not SQLite's INSERT OR IGNORE, which would also skip a
+            # NOT NULL violation silently): only a uid already there is skipped.
             sql = (f"INSERT INTO {UsageRecord.__tablename__} ({', '.join(COLUMNS)}) VALUES "
-                   + ", ".join([row] * rows))
+                   + ", ".join([row] * rows) + " ON CONFLICT (record_uid) DO NOTHING")
             if len(self._inserts) < 16:
                 self._inserts[rows] = sql
         return sql
@@ -103,14 +208,20 @@ class UsageLedger:
                 rows = batch[start:start + ROWS_PER_INSERT]
                 connection.exec_driver_sql(self._insert(len(rows)), tuple(chain.from_iterable(rows)))
 
-    def _write_one_by_one(self, batch: list[tuple[Any, ...]]) -> None:
-        for row in batch:
+    def _write_one_by_one(self, batch: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """Write ``batch`` a row at a time, dropping (and counting) the rows that cannot be stored.
+        Answers the rows not tried when the database went away in the middle."""
+        for index, row in enumerate(batch):
             try:
                 self._write([row])
-            except (DataError, IntegrityError) as exc:
-                self.dropped += 1
-                log.error("a usage record cannot be stored and is dropped (%s): %s", type(exc).__name__,
-                          {k: row[COLUMNS.index(k)] for k in ("request_id", "model", "status")})
+            except Exception as exc:  # noqa: BLE001 - sorted below: away, or about this row
+                if _database_away(exc):
+                    log.warning("writing usage records row by row failed; %d will be retried: %s",
+                                len(batch) - index, exc)
+                    return batch[index:]
+                shown = {k: row[COLUMNS.index(k)] for k in ("request_id", "model", "status")}
+                self._drop(1, f"a record cannot be stored ({type(exc).__name__}: {shown})")
+        return []
 
     async def run(self, interval: float) -> None:
         while True:
@@ -118,7 +229,28 @@ class UsageLedger:
             # Shielded: cancelling this loop at shutdown must not cancel a write whose batch is
             # already off the buffer (a queued write would be dropped). The final flush waits for
             # it on the lock, then writes the rest.
-            await asyncio.shield(self.flush())
+            try:
+                await asyncio.shield(self.flush())
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let the writer die: the records stay buffered
+                log.exception("the usage writer failed; it goes on at the next interval")
+
+
+def _with_uids(batch: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The batch with a unique id at the end of every row that has none yet (a re-queued row keeps
+    the one it was first tried with). 96 random bits per batch and the row's place in it: one
+    ``urandom`` per batch, not per request."""
+    prefix = os.urandom(12).hex()
+    return [row if len(row) > WITHOUT_UID else (*row, f"{prefix}{index:08x}")
+            for index, row in enumerate(batch)]
+
+
+def _database_away(exc: BaseException) -> bool:
+    """A connection-level failure (worth retrying later), not something about the rows."""
+    if isinstance(exc, (OperationalError, InterfaceError, PoolTimeout, ConnectionError)):
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 def _sqlite_text(at: dt.datetime) -> str:

@@ -323,9 +323,12 @@ def ensure_bootstrap_admin_key(session: Session, hasher: KeyHasher, value: str) 
 
 
 def touch_keys(session: Session, last_used: dict[int, dt.datetime]) -> None:
-    """Batched ``last_used_at`` writes, from the background writer."""
+    """Batched ``last_used_at`` writes, from the background writer. Only ever forward: another
+    replica may have written a later use of the same key already."""
     for key_id, at in last_used.items():
-        session.execute(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=at))
+        session.execute(update(ApiKey).where(
+            ApiKey.id == key_id, or_(ApiKey.last_used_at.is_(None), ApiKey.last_used_at < at),
+        ).values(last_used_at=at))
 
 
 def _check_name(name: str, what: str) -> None:

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from sqlalchemy import func, select
 
 from app.api.asgi import Receive, Scope, Send, send_bytes
-from app.db.models import AuditEntry, UsageRecord
+from app.db.models import AuditEntry, MeshPeer, UsageRecord
 from app.errors import NotFound
 from app.mesh.auth import MeshAuth
 from tests.api.public.openai_sdk import QUESTIONS, TICKET
@@ -291,6 +291,19 @@ def test_peers_added_and_removed_through_the_admin_api(mesh_node: Callable[..., 
         actions = list(session.scalars(select(AuditEntry.action).where(AuditEntry.action.like("mesh.%"))))
         assert actions == ["mesh.peer.add", "mesh.peer.remove"]
         assert session.scalar(select(func.count()).select_from(AuditEntry)) >= 2
+
+
+def test_peers_added_or_removed_by_another_replica_are_picked_up_without_redis(
+        mesh_node: Callable[..., Node]) -> None:
+    """Another replica of node-a (same database, no Redis to tell this one) adds then removes a peer."""
+    b = mesh_node("node-b", models={"tev1": ["decision"]})
+    a = mesh_node("node-a", registry_refresh_interval=0.2)
+    with a.stack.db.session() as session:
+        session.add(MeshPeer(url=b.url))
+    wait_for(lambda: _answers(a, "tev1"), timeout=10)
+    with a.stack.db.session() as session:
+        session.execute(MeshPeer.__table__.delete())
+    wait_for(lambda: _missing(a, "tev1"), timeout=10)
 
 
 def test_the_openai_decisions_api_goes_through_the_mesh(mesh_node: Callable[..., Node]) -> None:

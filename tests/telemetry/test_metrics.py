@@ -199,3 +199,19 @@ def test_chat_requests_have_their_gateway_overhead_observed(stack: Stack) -> Non
     labels = (("gen_ai_operation_name", "chat"),)
     assert metrics.get(("arbiter_gateway_overhead_seconds_count", labels)) == 2
     assert metrics[("arbiter_gateway_overhead_seconds_sum", labels)] < 0.3  # the 0.3 s waits are the backend's
+
+
+def test_usage_records_pending_and_dropped_are_exposed(stack: Stack) -> None:
+    from app.telemetry.record import RequestRecord
+
+    components = stack.gateway.app.components
+    ledger = components.ledger
+    values = scrape(stack)
+    assert values[("arbiter_usage_pending", ())] == 0.0
+    assert values[("arbiter_usage_records_dropped_total", ())] == 0.0
+    ledger._drop(2, "a test")
+    ledger.add(RequestRecord(request_id="r", operation="decision", route="/v1/systemone", model="nimble",
+                             project_id=1, status=200))
+    values = scrape(stack)
+    assert values[("arbiter_usage_records_dropped_total", ())] == 2.0
+    assert values[("arbiter_usage_pending", ())] >= 0.0  # read at scrape time (the timer may have written it)

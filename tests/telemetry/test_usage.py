@@ -134,3 +134,31 @@ def test_made_up_model_names_never_reach_the_ledger_or_metrics(stack: Stack) -> 
     with stack.db.session() as session:
         models = list(session.scalars(select(UsageRecord.model).order_by(UsageRecord.id)))
     assert models == ["_unknown", "_unknown", "nimble"]
+
+
+def test_chat_tokens_are_recorded_from_whole_answers_and_the_end_of_streams(stack: Stack) -> None:
+    """OpenAI's usage (a stream's only with include_usage) and Ollama's prompt_eval_count/eval_count."""
+    import orjson
+
+    messages = [{"role": "user", "content": "hi there"}]
+    expected = []
+    with stack.client() as client:
+        whole = client.post("/v1/chat/completions", json={"model": "llama3.2", "messages": messages}).json()
+        expected.append((whole["usage"]["prompt_tokens"], whole["usage"]["completion_tokens"]))
+        ollama = client.post("/api/chat", json={"model": "llama3.2", "messages": messages, "stream": False}).json()
+        expected.append((ollama["prompt_eval_count"], ollama["eval_count"]))
+        streamed = client.post("/v1/chat/completions", json={
+            "model": "llama3.2", "messages": messages, "stream": True,
+            "stream_options": {"include_usage": True}}).content
+        usage = [orjson.loads(e[6:]) for e in streamed.split(b"\n\n") if e.startswith(b"data: {")][-1]["usage"]
+        expected.append((usage["prompt_tokens"], usage["completion_tokens"]))
+        lines = client.post("/api/chat", json={"model": "llama3.2", "messages": messages}).content
+        done = orjson.loads(lines.strip().splitlines()[-1])
+        expected.append((done["prompt_eval_count"], done["eval_count"]))
+        client.post("/v1/chat/completions", json={"model": "llama3.2", "messages": messages, "stream": True})
+        expected.append((0, 0))  # an OpenAI stream without include_usage says nothing
+    stack.gateway.stop()
+    with stack.db.session() as session:
+        rows = list(session.scalars(select(UsageRecord).order_by(UsageRecord.id)))
+    assert [(r.input_tokens, r.output_tokens) for r in rows] == expected
+    assert all(i > 0 and o > 0 for i, o in expected[:4])

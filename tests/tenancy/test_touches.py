@@ -46,3 +46,50 @@ def test_many_requests_make_one_write(stack: Stack, gateway_factory: Any) -> Non
             assert client.post("/v1/systemone", json=decision()).status_code == 200
     slow.stop()
     assert writes == [1]  # twenty requests, one key, one row written once
+
+
+def test_last_used_at_never_goes_backwards(db: Any) -> None:
+    """Two replicas write their own batches: the one with the older use may come second."""
+    import datetime as dt
+
+    from app.db.timestamps import as_utc
+    from app.tenancy import service as tenancy
+
+    stack = Stack.provision(db)
+    with db.session() as session:
+        key_id = session.scalar(select(ApiKey.id).where(ApiKey.kind == "project"))
+    newer, older = dt.datetime(2026, 1, 2, tzinfo=dt.UTC), dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    for at in (newer, older):
+        with db.session() as session:
+            tenancy.touch_keys(session, {key_id: at})
+    assert as_utc(last_used(stack)) == newer
+
+
+def test_the_final_flush_waits_for_a_write_the_timer_left_running(db: Any) -> None:
+    import asyncio
+    import threading
+
+    from app.tenancy.touches import KeyTouches
+
+    Stack.provision(db)
+    touches = KeyTouches(db)
+    started, done = threading.Event(), threading.Event()
+
+    def slow(batch: Any) -> None:
+        started.set()
+        time.sleep(0.3)
+        done.set()
+
+    touches._write = slow  # type: ignore[method-assign]
+
+    async def shutdown() -> bool:
+        touches.touch(1)
+        task = asyncio.create_task(touches.run(0.01))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()  # as Components.stop does
+        await asyncio.gather(task, return_exceptions=True)
+        await touches.flush()
+        return done.is_set()  # before the database is disposed
+
+    assert asyncio.run(shutdown())

@@ -12,6 +12,7 @@ import time
 
 from app.api.asgi import Receive, Scope, Send, send_bytes, send_error, unless_client_leaves
 from app.api.public.intake import take
+from app.chat import tokens
 from app.chat.forward import ChatForwarder
 from app.decisions import jsonbody
 from app.errors import ArbiterError, BackendFailed
@@ -84,6 +85,8 @@ class ChatRoute:
                     await send_error(send, error)
                     return
                 record.status = answer.status
+                if answer.status == 200:
+                    record.input_tokens, record.output_tokens = tokens.of_body(payload)
                 retry_after = answer.stream.retry_after if answer.status != 200 else None
                 await send_bytes(send, answer.status, payload, answer.content_type,
                                  None if retry_after is None else {"Retry-After": retry_after})
@@ -92,15 +95,18 @@ class ChatRoute:
             await send({"type": "http.response.start", "status": answer.status,
                         "headers": [(b"content-type", answer.content_type.encode("latin-1")),
                                     (b"cache-control", b"no-cache")]})
+            previous = last = b""  # the stream's end, where its usage is (nothing parsed per chunk)
             try:
                 async for chunk in answer.chunks():
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    previous, last = last, chunk
             except BackendFailed as error:
                 # Bytes are out already: the status cannot change. End without the final chunk,
                 # so the client sees a broken stream rather than a complete one.
                 log.warning("chat stream from %s broke: %s", answer.replica.service_name, error.message)
                 return
             await send({"type": "http.response.body", "body": b"", "more_body": False})
+            record.input_tokens, record.output_tokens = tokens.of_stream_tail(previous + last)
         finally:
             record.backend_seconds = answer.waited
             await answer.close()
