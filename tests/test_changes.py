@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import redis
@@ -79,9 +80,8 @@ def test_deployments_on_other_redis_databases_are_not_heard() -> None:
     assert mine != theirs and mine.startswith("arbiter:changes:")
 
 
-def test_changes_missed_while_redis_was_away_are_caught_up_on_reconnecting() -> None:
-    """A key revoked while this replica's subscription was down: its message is gone, so the
-    listener applies every kind of change once when it is back."""
+def redis_behind_a_proxy() -> tuple[Any, str]:
+    """A TCP proxy in front of the test Redis (to cut it), and the Redis database number."""
     from tests.reliability.proxy import TcpProxy
 
     try:
@@ -89,7 +89,13 @@ def test_changes_missed_while_redis_was_away_are_caught_up_on_reconnecting() -> 
     except redis.RedisError:
         pytest.skip("no Redis at 127.0.0.1:6379")
     host_port, db = REDIS.split("//", 1)[1].rsplit("/", 1)
-    proxy = TcpProxy(host_port.split(":")[0], int(host_port.split(":")[1])).up()
+    return TcpProxy(host_port.split(":")[0], int(host_port.split(":")[1])).up(), db
+
+
+def test_changes_missed_while_redis_was_away_are_caught_up_on_reconnecting() -> None:
+    """A key revoked while this replica's subscription was down: its message is gone, so the
+    listener applies every kind of change once when it is back."""
+    proxy, db = redis_behind_a_proxy()
 
     async def scenario() -> list[str]:
         seen: list[str] = []
@@ -130,14 +136,7 @@ def test_the_first_command_after_a_redis_blip_goes_through() -> None:
     new connection, not failed (a spurious 503 from the rate limiter)."""
     from app.components import _redis_client
     from app.settings import Settings
-    from tests.reliability.proxy import TcpProxy
-
-    try:
-        redis.Redis.from_url(REDIS, socket_timeout=1).ping()
-    except redis.RedisError:
-        pytest.skip("no Redis at 127.0.0.1:6379")
-    host_port, db = REDIS.split("//", 1)[1].rsplit("/", 1)
-    proxy = TcpProxy(host_port.split(":")[0], int(host_port.split(":")[1])).up()
+    proxy, db = redis_behind_a_proxy()
     settings = Settings(database_url="sqlite://", redis_url=f"redis://127.0.0.1:{proxy.port}/{db}")
 
     async def scenario() -> list[bool]:

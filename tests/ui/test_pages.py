@@ -137,20 +137,7 @@ def test_the_mesh_warning_offers_install_anyway(ui: httpx.Client, stack: Stack,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """When the mesh warns (HTTP 409 mesh_warning) the page says why and offers "Install anyway",
     which sends the install again with confirm=true."""
-    class MeshWarning(Conflict):
-        error_type = "mesh_warning"
-
-    calls: list[list[str]] = []
-
-    def check(capabilities: list[str]) -> None:
-        calls.append(capabilities)
-        raise MeshWarning("mesh peer old-node (version 0.1.0) does not know decision models. "
-                          "Send the request again with \"confirm\": true to install anyway.")
-
-    mesh = getattr(stack.gateway.app.components, "mesh", None)
-    if mesh is None:
-        pytest.skip("this build has no mesh")
-    monkeypatch.setattr(mesh, "check_decision_install", check)
+    calls = _warn_always(stack, monkeypatch)
     sid = str(service_id(ui, "ollama"))
     warned = post(ui, "/ui/models/install", "/ui/models", model="tev1", service=sid)
     assert warned.status_code == 409 and calls == [["decision"]]
