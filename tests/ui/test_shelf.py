@@ -4,6 +4,9 @@ Redis (encrypted) when the replicas share one."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 
@@ -15,6 +18,13 @@ MINE, OTHER = UiSession(1, 2_000_000_000, "a" * 32), UiSession(1, 2_000_000_000,
 VIEW = {"id": 7, "key": "arb_proj_secret"}
 
 
+def run(walk: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run`` on a thread of its own: the browser tests leave an event loop running on
+    this one (Playwright's sync API)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, walk).result()
+
+
 def test_a_key_is_taken_once_by_its_session_and_project() -> None:
     async def walk() -> None:
         shelf = KeyShelf()
@@ -22,7 +32,7 @@ def test_a_key_is_taken_once_by_its_session_and_project() -> None:
         assert await shelf.take(OTHER, 3) is None and await shelf.take(MINE, 4) is None
         assert await shelf.take(MINE, 3) == VIEW
         assert await shelf.take(MINE, 3) is None
-    asyncio.run(walk())
+    run(walk())
 
 
 def test_through_redis_another_replica_shows_it_and_it_is_sealed() -> None:
@@ -43,4 +53,4 @@ def test_through_redis_another_replica_shows_it_and_it_is_sealed() -> None:
             assert await two.take(MINE, 3) == VIEW and await one.take(MINE, 3) is None
         finally:
             await client.aclose()
-    asyncio.run(walk())
+    run(walk())
