@@ -289,10 +289,9 @@ def _with_model(body: bytes, answer: dict[str, Any], backend_name: str, public_n
     as their text."""
     if backend_name == public_name and answer.get("model") == public_name:
         return body
-    public = orjson.dumps(public_name)
+    public, lead = _model_bytes(backend_name, public_name)
     if answer.get("model") == backend_name:
         stripped = body.lstrip()
-        lead = b'{"model":' + orjson.dumps(backend_name)
         if stripped.startswith(lead):
             return b'{"model":' + public + stripped[len(lead):]
         found = list(_model_pair(backend_name).finditer(body))
@@ -307,6 +306,12 @@ def _with_model(body: bytes, answer: dict[str, Any], backend_name: str, public_n
         exact = answer
     exact["model"] = public_name
     return jsonbody.dumps(exact)
+
+
+@functools.lru_cache(maxsize=256)
+def _model_bytes(backend_name: str, public_name: str) -> tuple[bytes, bytes]:
+    """The public name as JSON, and ``{"model":<backend name>`` as an Ollama answer begins."""
+    return orjson.dumps(public_name), b'{"model":' + orjson.dumps(backend_name)
 
 
 @functools.lru_cache(maxsize=256)

@@ -228,16 +228,22 @@ def test_pages_fit_a_narrow_screen(browser: Any, stack: Stack, shots: Shots) -> 
         context.close()
 
 
+def open_models_page(page: Any, db: Database, gateway_factory: Callable[..., Gateway], ollama_url: str) -> str:
+    """A gateway in front of ``ollama_url``, signed in, on /ui/models; its base URL."""
+    stack = Stack.provision(db, ollama_url=ollama_url)
+    base = gateway_factory().url
+    sign_in(page, base, stack.admin_key)
+    page.wait_for_url(f"{base}/ui/services")
+    page.goto(f"{base}/ui/models")
+    return base
+
+
 def test_an_error_far_down_the_models_page_is_summed_up_at_the_top(
         page: Any, db: Database, gateway_factory: Callable[..., Gateway]) -> None:
     """The version gate's refusal sits next to the catalog row, far below the fold: the page comes
     back at the top, so a summary there takes the focus and links down to it."""
     with EmulatorServer(make_ollama_app(OllamaState(version="0.34.9", models={}))) as ollama:
-        stack = Stack.provision(db, ollama_url=ollama.url)
-        base = gateway_factory().url
-        sign_in(page, base, stack.admin_key)
-        page.wait_for_url(f"{base}/ui/services")
-        page.goto(f"{base}/ui/models")
+        open_models_page(page, db, gateway_factory, ollama.url)
         page.get_by_role("button", name="Install tev1").click()
         page.wait_for_load_state()
         summary = page.locator("#error-summary")
@@ -256,11 +262,7 @@ def test_the_installed_link_shows_the_new_card_from_a_plain_models_page(
         page: Any, db: Database, gateway_factory: Callable[..., Gateway]) -> None:
     """On /ui/models (no query), a link to /ui/models#cards only scrolled: the new card never came."""
     with EmulatorServer(make_ollama_app(OllamaState(models={}, pull_seconds=1.5))) as ollama:
-        stack = Stack.provision(db, ollama_url=ollama.url)
-        base = gateway_factory().url
-        sign_in(page, base, stack.admin_key)
-        page.wait_for_url(f"{base}/ui/services")
-        page.goto(f"{base}/ui/models")
+        base = open_models_page(page, db, gateway_factory, ollama.url)
         page.get_by_role("button", name="Install tev1").click()
         page.wait_for_url(re.compile(r".*/ui/models\?install=\d+"))
         page.goto(f"{base}/ui/models")  # the plain page, the install still running
