@@ -150,9 +150,17 @@ def test_sigterm_during_a_burst_loses_no_accepted_request(cluster: Cluster) -> N
         except httpx.TransportError:
             return "refused"  # not accepted: the replica had stopped taking requests
 
+    def forwarded() -> int:
+        return sum(1 for r in list(cluster.emulator.requests) if r.path == "/v1/systemone")
+
+    before = forwarded()
     with ThreadPoolExecutor(32) as pool:
         futures = [pool.submit(send, i) for i in range(64)]
-        time.sleep(0.3)
+        # SIGTERM once some requests are in flight (on a loaded host, 32 clients can take longer
+        # than a fixed pause to connect, and then every request is refused before it is accepted)
+        deadline = time.monotonic() + 20
+        while forwarded() < before + 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
         cluster.processes[0].send_signal(signal.SIGTERM)
         results = [f.result() for f in futures]
     assert cluster.processes[0].wait(timeout=40) == 0
