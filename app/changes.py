@@ -43,16 +43,19 @@ class ChangeBus:
             return
         delay = 0.5
         interrupted = False
+        first = True
         while True:
             pubsub = self._redis.pubsub()
             try:
                 await pubsub.subscribe(self.channel)
                 delay = 0.5
-                if interrupted:
-                    # Messages published while the connection was down are gone: apply every kind
-                    # once (drop cached keys, reload models and peers), so none is missed.
-                    interrupted = False
-                    log.info("change notifications back; catching up on what may have been missed")
+                if first or interrupted:
+                    # Messages published before this subscription took (between the start-up's
+                    # first load and now, or while the connection was down) are gone: apply every
+                    # kind once (drop cached keys, reload models and peers), so none is missed.
+                    if interrupted:
+                        log.info("change notifications back; catching up on what may have been missed")
+                    first = interrupted = False
                     for kind, handler in handlers.items():
                         await _apply(kind, handler)
                 async for message in pubsub.listen():

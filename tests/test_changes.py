@@ -29,7 +29,7 @@ def test_a_failing_handler_does_not_stop_the_listener() -> None:
 
         async def keys() -> None:
             seen.append("keys")
-            if len(seen) == 1:
+            if len(seen) == 1:  # the catch-up at the first subscription
                 raise RuntimeError("the database is away")
 
         task = asyncio.create_task(listener.listen({"keys": keys}))
@@ -43,7 +43,7 @@ def test_a_failing_handler_does_not_stop_the_listener() -> None:
         await sender_client.aclose()
         return seen
 
-    assert asyncio.run(scenario()) == ["keys", "keys", "keys"]
+    assert asyncio.run(scenario()) == ["keys", "keys", "keys", "keys"]  # the catch-up, then three changes
 
 
 def test_deployments_on_other_redis_databases_are_not_heard() -> None:
@@ -65,6 +65,8 @@ def test_deployments_on_other_redis_databases_are_not_heard() -> None:
 
         task = asyncio.create_task(listener.listen({"models": models}))
         await asyncio.sleep(0.3)
+        assert seen == ["same database"]  # the catch-up at the first subscription
+        seen.clear()
         await elsewhere.publish("models")
         await asyncio.sleep(0.2)
         await same.publish("models")
@@ -92,6 +94,39 @@ def redis_behind_a_proxy() -> tuple[Any, str]:
     return TcpProxy(host_port.split(":")[0], int(host_port.split(":")[1])).up(), db
 
 
+def test_changes_made_before_the_first_subscription_are_caught_up() -> None:
+    """A replica loads keys and models at start-up, then subscribes: a change published between the
+    two is gone by the time the subscription takes, so the first subscription applies every kind
+    once, with no message at all."""
+    try:
+        redis.Redis.from_url(REDIS, socket_timeout=1).ping()
+    except redis.RedisError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+        client = redis.asyncio.from_url(REDIS)
+
+        async def keys() -> None:
+            seen.append("keys")
+
+        async def models() -> None:
+            seen.append("models")
+
+        task = asyncio.create_task(ChangeBus(client).listen({"keys": keys, "models": models}))
+        for _ in range(50):
+            if len(seen) == 2:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)  # and nothing more
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.aclose()
+        return seen
+
+    assert asyncio.run(scenario()) == ["keys", "models"]
+
+
 def test_changes_missed_while_redis_was_away_are_caught_up_on_reconnecting() -> None:
     """A key revoked while this replica's subscription was down: its message is gone, so the
     listener applies every kind of change once when it is back."""
@@ -111,6 +146,7 @@ def test_changes_missed_while_redis_was_away_are_caught_up_on_reconnecting() -> 
 
         task = asyncio.create_task(listener.listen({"keys": keys, "models": models}))
         await asyncio.sleep(0.3)
+        seen.clear()  # the catch-up at the first subscription
         proxy.down()
         await asyncio.sleep(0.3)
         await sender.publish("keys")  # missed: nobody is subscribed through the proxy
