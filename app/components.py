@@ -56,6 +56,8 @@ class Components:
                                    on_limited=self.metrics.rate_limited.inc)
         if self.redis is not None:
             self.metrics.redis_up.set_function(lambda: 1.0 if self.limiter.healthy else 0.0)
+        else:  # no Redis to be up or down: no series (a constant 0 would read as an outage)
+            self.metrics.registry.unregister(self.metrics.redis_up)
         self.bus = ChangeBus(self.redis)
         self.router = ReplicaRouter(settings.replica_backoff)
         self.forwarder = Forwarder(self.registry, self.router, settings, self.tracing, self.limiter)

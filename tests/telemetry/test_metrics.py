@@ -167,6 +167,13 @@ def test_metrics_need_their_credential(stack: Stack, gateway_factory: Any) -> No
         assert_error(client.get("/metrics"), 401)
 
 
+def test_redis_up_is_absent_without_redis(stack: Stack) -> None:
+    with stack.client("admin") as client:
+        text = client.get("/metrics").text
+    assert "arbiter_redis_up" not in text  # 0 would read as a Redis outage
+    assert "arbiter_shed_total" in text and "arbiter_rate_limited_total" in text
+
+
 def test_metrics_on_a_separate_port(stack: Stack, gateway_factory: Any) -> None:
     port = free_port()
     separate = gateway_factory(metrics_port=port)
