@@ -111,6 +111,10 @@ class _CoalescingTransport:
 MAX_HEAD_BYTES = 64 * 1024
 
 
+class _HeadRefused(Exception):
+    """Raised from a parser callback to stop parsing a request that has been answered."""
+
+
 class HttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, writing each whole response in one send (see above), with
     two limits on what a client sends, and its own malformed-request answers in Arbiter's JSON
@@ -118,9 +122,9 @@ class HttpProtocol(HttpToolsProtocol):
 
     - The header section: httptools buffers a header line until it ends, however long, so one
       connection sending an endless header would grow the process without bound. Bytes are
-      counted from the chunks that arrive while a request's head is incomplete (the chunk that
-      ends one request and starts the next is not counted, so the cap may be passed by up to one
-      read); past ``MAX_HEAD_BYTES``: 431, and the connection closes.
+      counted from the chunks that arrive while a request's head is incomplete, and a head is
+      measured again once whole (one that came in a single read was not counted); past
+      ``MAX_HEAD_BYTES``: 431, and the connection closes.
     - Time: a request must arrive whole (head and body) within ``client_timeout`` seconds of its
       first byte, or it is answered 408 and the connection closes; a client trickling a byte now
       and then (slowloris) would otherwise hold a connection, and a body's memory, for ever.
@@ -160,6 +164,13 @@ class HttpProtocol(HttpToolsProtocol):
         self._head_open = False
         self._head_bytes = 0
         self._heads += 1
+        # A head that arrived in one or two reads was not counted as it came: its size, exactly.
+        size = len(self.url)
+        for name, value in self.headers:
+            size += len(name) + len(value) + 4  # ": " and CRLF
+        if size > MAX_HEAD_BYTES:
+            self._refuse(HeadersTooLarge(f"the request's header section is over the {MAX_HEAD_BYTES}-byte limit"))
+            raise _HeadRefused  # stops the parser here: the body is never read
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -178,6 +189,8 @@ class HttpProtocol(HttpToolsProtocol):
         self._refuse(RequestTimeout(f"the request did not arrive whole within {self.client_timeout:g}s"))
 
     def send_400_response(self, msg: str) -> None:
+        if self.transport.is_closing():  # already answered (a head over the cap stopped the parser)
+            return
         # uvicorn's answer to a request it cannot parse (a malformed request line, a
         # Content-Length that is not a number, ...), in the shape every client of Arbiter reads.
         self._refuse(InvalidRequest(f"invalid HTTP request: {msg}"))

@@ -54,6 +54,21 @@ def test_a_header_section_over_the_cap_is_431_and_the_connection_closes(stack: S
         assert client.post("/v1/systemone", json=decision()).status_code == 200
 
 
+@pytest.mark.parametrize("chunk", [1 << 20, 50_000], ids=["one write", "two writes"])
+def test_a_whole_header_section_over_the_cap_is_431_however_it_arrives(stack: Stack, chunk: int) -> None:
+    # A head that arrives complete in one or two reads is measured when it completes.
+    body = json.dumps(decision()).encode()
+    extra = b"".join(b"X-Pad-%d: %s\r\n" % (i, b"p" * 900) for i in range(110))  # ~100 KB
+    raw = (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + stack.project_key.encode()
+           + b"\r\nContent-Type: application/json\r\n" + extra
+           + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    status, headers, answer = split(exchange(stack, raw, chunk=chunk))
+    assert status == 431 and headers["connection"] == "close", answer[:300]
+    assert json.loads(answer)["detail"]["error_type"] == "request_too_large"
+    with stack.client() as client:  # and the gateway goes on serving
+        assert client.post("/v1/systemone", json=decision()).status_code == 200
+
+
 def test_headers_under_the_cap_and_a_large_body_are_served(stack: Stack) -> None:
     # Many headers adding up to just under the cap, then a body in the same chunks: not a head over it.
     body = json.dumps(decision(state={"note": "x" * 60_000})).encode()
