@@ -107,7 +107,10 @@ def _build_fastapi(components: Components) -> FastAPI:
         finally:
             await components.stop()
 
-    app = FastAPI(title="Arbiter", version="0.1.0", lifespan=lifespan,
+    # No redirect_slashes: a 307 for `POST /v1/systemone/` makes clients drop the body or the
+    # Authorization header; a path with a trailing slash is an unknown route (404) like any other.
+    # The UI needs none either: its catch-all page answers /ui/... paths first.
+    app = FastAPI(title="Arbiter", version="0.1.0", lifespan=lifespan, redirect_slashes=False,
                   description="A multi-tenant gateway for decision models.")
     app.state.components = components
     errors.install(app)

@@ -42,6 +42,7 @@ class Answer:
     router: ReplicaRouter
     span: Span | None = None  # the CLIENT span of the call, ended with the answer
     waited: float = 0.0  # seconds spent waiting for the backend: its head, then its bytes
+    counted: bool = True  # in the replica's in-flight count until ``close()``
 
     @property
     def status(self) -> int:
@@ -81,8 +82,23 @@ class Answer:
                 self.waited += time.perf_counter() - started
             yield chunk
 
+    async def keep(self) -> Answer | None:
+        """This answer read whole, its connection released (``close()`` is done): a replica's
+        502/503/504 kept while another replica is tried, to come back as it came when no other
+        replica answers (SPEC §4). None when it breaks off while read."""
+        try:
+            body = await self.whole()
+        except BackendFailed:
+            return None
+        finally:
+            await self.close()
+        stream = self.stream
+        return Answer(self.replica, Kept(stream.status, stream.content_type, stream.retry_after, body),
+                      self.model, self.max_bytes, self.router, waited=self.waited, counted=False)
+
     async def close(self) -> None:
-        self.replica.in_flight -= 1
+        if self.counted:
+            self.replica.in_flight -= 1
         if self.span is not None:
             annotate(self.span, status=self.status)
             self.span.end()
@@ -92,6 +108,26 @@ class Answer:
         if not isinstance(exc, ReplyTooLarge):
             self.router.take_out(self.replica)
         return backend_failure(self.model, self.replica, exc, self.max_bytes)
+
+
+@dataclass
+class Kept:
+    """A ``Stream`` read whole already (see ``Answer.keep``)."""
+
+    status: int
+    content_type: str | None
+    retry_after: str | None
+    body: bytes
+    credential_refused: bool = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self.body
+
+    async def read(self, limit: int) -> bytes:
+        return self.body
+
+    async def close(self) -> None:
+        return None
 
 
 class ChatForwarder:
@@ -141,12 +177,14 @@ class ChatForwarder:
 
     async def open(self, replicas: list[Replica], body: dict[str, Any], api: str,
                    headers: dict[str, str], principal: Principal | None = None) -> Answer:
-        """Send to a replica; retried once elsewhere when it fails before answering (SPEC §4). The
-        last replica's own 502/503/504 comes back as it came."""
+        """Send to a replica; retried once elsewhere when it fails before answering (SPEC §4). A
+        replica's own 502/503/504 comes back as it came when no later replica answered (the rule
+        of ``Attempts``, as for decisions)."""
         model = body["model"]
         cap = self._settings.max_response_bytes
         attempts = self._router.attempts(replicas)
         failed: BackendFailed | None = None
+        kept: Answer | None = None  # the latest replica's own 502/503/504, read whole
         waited = 0.0  # on every attempt's backend: not the gateway's own time
         for replica in attempts:
             forwarded = dict(body)
@@ -183,10 +221,14 @@ class ChatForwarder:
                 raise rejected
             if stream.status in _FAULT_STATUSES:
                 self._router.take_out(replica)
-                if attempts.another():
-                    await answer.close()  # nothing sent yet: try another replica
+                if attempts.another():  # nothing sent yet: try another replica, keeping this answer
+                    kept = await answer.keep() or kept
+                    waited = answer.waited
                     continue
             return answer
+        if kept is not None:  # a backend's own 5xx beats a generic error of ours
+            kept.waited = waited
+            return kept
         error = failed if failed is not None else attempts.none_left(model)
         error.backend_seconds = waited
         raise error

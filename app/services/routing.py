@@ -81,8 +81,11 @@ class Attempts:
             yield replica
 
     def another(self) -> bool:
-        """Whether iterating goes on to another replica: a caller holding a replica's error (a
-        502/503/504 answer) drops it only then, and otherwise gives it back as it came."""
+        """Whether iterating goes on to another replica. A caller holding a replica's own error
+        (a 502/503/504 answer) gives it back as it came when not, and otherwise keeps it while the
+        next replica is tried: when that one gives no answer of its own either (a connection
+        error, a timeout), the kept answer still comes back, byte for byte; a backend's own 5xx
+        beats a generic error of Arbiter's. Decisions and chat both follow this rule."""
         return len(self._tried) < ATTEMPTS and self._router.available(self._replicas, self._tried)
 
     def none_left(self, model: str) -> BackendFailed:

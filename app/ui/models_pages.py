@@ -21,6 +21,7 @@ from app.ui.web import (
     components,
     decimal,
     drop_blank,
+    error_summary,
     is_mesh_warning,
     mesh_guard,
     mesh_warning,
@@ -60,10 +61,9 @@ async def _page(request: Request, admin: Admin, *, status: int = 200, errors: di
 
 
 def _summary(errors: dict[str, str], rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """The errors for the summary at the top of the page: (the id of the error next to its form, text).
-    A catalog row's error is ``install-<row number>-error``, as models.html numbers the rows."""
-    rows_of = {f"install:{row['name']}": f"install-{n}" for n, row in enumerate(rows, 1)}
-    return [(f"{rows_of.get(form, form)}-error", text) for form, text in errors.items() if text]
+    """The summary at the top of the page: a catalog row's error is ``install-<row number>-error``,
+    as models.html numbers the rows, not its form's id ``install:<name>``."""
+    return error_summary(errors, {f"install:{row['name']}": f"install-{n}" for n, row in enumerate(rows, 1)})
 
 
 def _catalog(service_views: list[dict[str, Any]]) -> list[dict[str, Any]]:

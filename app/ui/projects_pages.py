@@ -59,7 +59,8 @@ async def _list(request: Request, admin: Admin, *, status: int = 200, error: str
     projects, names = await components(request).in_session(work)
     chosen = current if isinstance(current, list) else []
     return render(request, "projects.html", admin, status=status, projects=projects,
-                  model_names=sorted(set(names) | set(chosen)), error=error, values=values or {}, current=current)
+                  model_names=sorted(set(names) | set(chosen)), errors={"create-project": error} if error else {},
+                  values=values or {}, current=current)
 
 
 @router.post("/projects")

@@ -51,7 +51,8 @@ async def _list(request: Request, admin: Admin, *, status: int = 200, error: str
     c = components(request)
     views = await c.in_session(lambda s: [services.service_view(x) for x in services.list_services(s)])
     return render(request, "services.html", admin, status=status, services=[with_backoffs(v, c) for v in views],
-                  types=SERVICE_TYPES, error=error, values=values or {}, notice=NOTICES.get(done),
+                  types=SERVICE_TYPES, errors={"add-service": error} if error else {}, values=values or {},
+                  notice=NOTICES.get(done),
                   warning=warning)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import re
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -245,9 +245,20 @@ def check_csrf_header(request: Request, admin: Admin) -> None:
 
 def render(request: Request, template: str, admin: Admin | None, *, status: int = 200,
            **context: Any) -> HTMLResponse:
+    """A page. Its ``errors`` (form id -> reason, each shown beside its form by ``ui.error``) are
+    also summed up at the top of the page (base.html), unless the page gives its own ``summary``."""
     page = ui_state(request).templates.get_template(template)
+    context.setdefault("summary", error_summary(context.get("errors") or {}))
     html = page.render(admin=admin, csrf=admin.csrf if admin else None, path=request.url.path, **context)
     return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
+
+
+def error_summary(errors: Mapping[str, str], targets: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """What failed, for the summary at the top of a page (macros.html's ``error_summary``): the id
+    of each reason beside its form (``ui.error``'s ``<id>-error``) and its text. ``errors`` is keyed
+    by the id given to ``ui.error``; ``targets`` maps a key to that id where they differ."""
+    targets = targets or {}
+    return [(f"{targets.get(form, form)}-error", text) for form, text in errors.items() if text]
 
 
 def redirect(url: str) -> RedirectResponse:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from app.server import MAX_HEAD_BYTES
-from tests.support import Stack, decision
+from tests.support import Stack, assert_error, decision
 
 
 def exchange(stack: Stack, raw: bytes, *, chunk: int = 16 * 1024) -> bytes:
@@ -181,3 +181,18 @@ def test_a_slow_client_within_the_time_is_served(gateway_factory: Any, db: Any,
             time.sleep(0.5)
         status, _, answer = split(read_all(sock))
     assert status == 200, answer[:300]
+
+
+@pytest.mark.parametrize(("method", "path", "who"), [
+    ("POST", "/v1/systemone/", "project"), ("POST", "/v1/chat/completions/", "project"),
+    ("POST", "/api/chat/", "project"), ("POST", "/v1/decisions/", "project"), ("GET", "/v1/models/", "project"),
+    ("GET", "/healthz/", None), ("GET", "/admin/projects/", "admin"), ("POST", "/admin/projects/", "admin"),
+    ("GET", "/admin/services/", "admin"), ("GET", "/metrics/", None),
+])
+def test_an_api_path_with_a_trailing_slash_is_404_not_a_redirect(stack: Stack, method: str, path: str,
+                                                                  who: str | None) -> None:
+    """A redirect of a POST loses its body or its Authorization header in many clients: no 307."""
+    with stack.client(who) as client:
+        response = client.request(method, path, json=decision() if method == "POST" else None)
+    assert "location" not in response.headers
+    assert "no route" in assert_error(response, 404, "not_found_error")["error"]

@@ -271,3 +271,34 @@ def test_the_installed_link_shows_the_new_card_from_a_plain_models_page(
         link.click()
         page.get_by_role("heading", name="tev1", exact=True).wait_for()
         assert "Model installed; its card is below." in page.locator(".notice").inner_text()
+
+
+def test_a_failed_form_on_the_project_and_services_pages_is_summed_up_at_the_top(
+        page: Any, db: Database, gateway_factory: Callable[..., Gateway]) -> None:
+    """Every form page shows the summary the Models page has: it takes the focus and links to the
+    reason beside the form."""
+    stack = Stack.provision(db)
+    base = gateway_factory().url
+    sign_in(page, base, stack.admin_key)
+    page.wait_for_url(f"{base}/ui/services")
+
+    page.goto(f"{base}/ui/projects/1")
+    page.get_by_label("Requests per minute").fill("-5")
+    page.get_by_role("button", name="Save limits").click()
+    page.wait_for_load_state()
+    summary = page.locator("#error-summary")
+    reason = page.locator("#limits-error").inner_text()
+    assert reason and reason in summary.inner_text()
+    assert page.evaluate("document.activeElement.id") == "error-summary"
+    summary.get_by_role("link").click()
+    assert page.url.endswith("#limits-error") and page.locator("#limits-error").is_visible()
+
+    page.goto(f"{base}/ui/services")
+    page.get_by_label("Type", exact=True).select_option("ollama-external")
+    page.get_by_label("URL", exact=True).fill("ftp://nowhere")
+    page.get_by_role("button", name="Add service").click()
+    page.wait_for_load_state()
+    reason = page.locator("#add-service-error").inner_text()
+    assert reason and reason in page.locator("#error-summary").inner_text()
+    assert page.evaluate("document.activeElement.id") == "error-summary"
+    assert page.locator("#error-summary a").get_attribute("href") == "#add-service-error"

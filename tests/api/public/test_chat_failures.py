@@ -265,3 +265,40 @@ def test_the_last_replicas_own_503_passes_through(three: tuple[Stack, list[Ollam
     assert response.status_code == 503, response.text
     assert b"is overloaded" in response.content  # the backend's own answer, not Arbiter's
     assert sorted(state.faults.applied for state in states) == [0, 1, 1]  # tried once, retried once
+
+
+@pytest.fixture
+def two(stack: Stack, gateway_factory: Callable[..., Gateway]) -> Iterator[tuple[Stack, list[OllamaState]]]:
+    """Two Ollamas serving the same models."""
+    states = [stack.ollama_state, OllamaState()]
+    server = EmulatorServer(make_ollama_app(states[1])).start()
+    try:
+        with stack.db.session() as session:
+            services.add_service(session, Settings(database_url=stack.db.url), CLI, type="ollama-external",
+                                 url=server.url, name="ollama-1")
+        stack.gateway = gateway_factory(replica_backoff=30)
+        wait_for(lambda: {len(e.replicas) for e in stack.gateway.app.components.registry.entries()} == {2})
+        yield stack, states
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("overloaded", [0, 1])  # which replica answers 503: tried first in one case, second in the other
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat", "/v1/systemone"])
+def test_a_replicas_own_503_beats_the_other_replicas_connection_error(
+        two: tuple[Stack, list[OllamaState]], path: str, overloaded: int) -> None:
+    """The 503 is the only answer any backend gave: it comes back byte for byte, on every route,
+    whichever replica was tried first; not Arbiter's 502 for the other one's dropped connection."""
+    stack, states = two
+    states[overloaded].faults.status = 503
+    states[overloaded].faults.body = b'{"error":"overloaded, try later"}'
+    states[overloaded].faults.headers = {"Retry-After": "7"}
+    states[1 - overloaded].faults.drop_connection = True
+    body = decision() if path == "/v1/systemone" else chat(path == "/api/chat")
+    with stack.client() as client:
+        response = client.post(path, json=body)
+    assert [state.faults.applied for state in states] == [1, 1]  # tried once, retried once
+    assert response.status_code == 503, response.text
+    assert response.content == b'{"error":"overloaded, try later"}'
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.headers["retry-after"] == "7"

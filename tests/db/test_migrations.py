@@ -1,0 +1,135 @@
+"""Migrations on a database of their own, on SQLite or PostgreSQL (ARBITER_TEST_DATABASE_URL):
+0008's unique index on the usage table, which can be large and takes writes on every request."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic import command
+from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
+
+from app.db import migrate
+from app.settings import sqlalchemy_url
+
+BASE = os.environ.get("ARBITER_TEST_DATABASE_URL", "")
+ON_POSTGRESQL = BASE.startswith(("postgresql", "postgres"))
+postgresql_only = pytest.mark.skipif(not ON_POSTGRESQL, reason="PostgreSQL's CONCURRENTLY (ARBITER_TEST_DATABASE_URL)")
+
+
+@pytest.fixture
+def fresh_url(tmp_path: Path) -> Iterator[str]:
+    """An empty database, not migrated."""
+    if not ON_POSTGRESQL:
+        yield f"sqlite:///{tmp_path / 'fresh.db'}"
+        return
+    name = f"arbiter_migrations_{uuid.uuid4().hex[:12]}"
+    server = make_url(sqlalchemy_url(BASE))
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def engine_of(url: str) -> Engine:
+    return create_engine(sqlalchemy_url(url))
+
+
+def add_usage(connection: Connection, uid: str | None) -> None:
+    connection.execute(text(
+        "INSERT INTO usage_records (at, request_id, operation, model, status, input_tokens, output_tokens, "
+        "latency_ms, record_uid) VALUES (CURRENT_TIMESTAMP, 'r', 'decision', 'nimble', 200, 1, 1, 0.1, :uid)"),
+        {"uid": uid})
+
+
+def index_state(engine: Engine) -> Any:
+    with engine.connect() as connection:
+        if connection.dialect.name != "postgresql":
+            return connection.execute(text("SELECT 1 FROM sqlite_master WHERE type = 'index' "
+                                           "AND name = 'ux_usage_record_uid'")).scalar()
+        return connection.execute(text(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relname = 'ux_usage_record_uid'")).scalar()
+
+
+def test_0008_gives_the_usage_table_a_unique_record_uid_and_comes_off_again(fresh_url: str) -> None:
+    config = migrate.alembic_config(fresh_url)
+    command.upgrade(config, "0007")
+    engine = engine_of(fresh_url)
+    try:
+        with engine.begin() as connection:  # rows of the previous release, inserted without the column
+            connection.execute(text(
+                "INSERT INTO usage_records (at, request_id, operation, model, status, input_tokens, "
+                "output_tokens, latency_ms) VALUES (CURRENT_TIMESTAMP, 'r', 'decision', 'nimble', 200, 1, 1, 0.1)"))
+        migrate.upgrade(fresh_url)
+        assert index_state(engine) in (True, 1)
+        with engine.begin() as connection:
+            add_usage(connection, None)
+            add_usage(connection, None)  # NULLs (old rows, the old release's inserts) never clash
+            add_usage(connection, "a" * 32)
+        with pytest.raises(IntegrityError), engine.begin() as connection:
+            add_usage(connection, "a" * 32)
+        command.downgrade(config, "0007")
+        assert index_state(engine) is None
+        migrate.upgrade(fresh_url)  # and up again
+        assert index_state(engine) in (True, 1)
+    finally:
+        engine.dispose()
+
+
+@postgresql_only
+def test_0008_builds_its_index_concurrently_outside_a_transaction(fresh_url: str) -> None:
+    """A plain CREATE INDEX holds a SHARE lock, which stops every usage write until it is built."""
+    command.upgrade(migrate.alembic_config(fresh_url), "0007")
+    seen: list[tuple[str, bool]] = []
+
+    def note(connection: Connection, _cursor: Any, statement: str, *_: Any) -> None:
+        if "ux_usage_record_uid" in statement and statement.lstrip().upper().startswith("CREATE"):
+            autocommit = connection.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+            seen.append((" ".join(statement.split()), autocommit))
+
+    event.listen(Engine, "before_cursor_execute", note)
+    try:
+        migrate.upgrade(fresh_url)
+    finally:
+        event.remove(Engine, "before_cursor_execute", note)
+    assert seen == [("CREATE UNIQUE INDEX CONCURRENTLY ux_usage_record_uid ON usage_records (record_uid)", True)]
+
+
+@postgresql_only
+def test_0008_run_again_after_a_failed_concurrent_build_repairs_the_invalid_index(fresh_url: str) -> None:
+    """A concurrent build that fails (here: duplicates; in life a timeout or a cancel) leaves the
+    column committed, an INVALID index, and the revision at 0007. Running the migration again
+    must finish the job, not stop at "column already exists"."""
+    command.upgrade(migrate.alembic_config(fresh_url), "0007")
+    engine = engine_of(fresh_url)
+    try:
+        with engine.begin() as connection:
+            connection.execute(text("ALTER TABLE usage_records ADD COLUMN record_uid VARCHAR(32)"))
+            add_usage(connection, "b" * 32)
+            add_usage(connection, "b" * 32)
+        with pytest.raises(IntegrityError), engine.connect() as connection:
+            connection.execution_options(isolation_level="AUTOCOMMIT").execute(text(
+                "CREATE UNIQUE INDEX CONCURRENTLY ux_usage_record_uid ON usage_records (record_uid)"))
+        assert index_state(engine) is False  # INVALID, and never used for uniqueness
+        with engine.begin() as connection:
+            connection.execute(text("DELETE FROM usage_records"))
+        migrate.upgrade(fresh_url)
+        assert index_state(engine) is True
+        assert migrate.current_revision(engine) == migrate.head_revision()
+        with pytest.raises(IntegrityError), engine.begin() as connection:
+            add_usage(connection, "c" * 32)
+            add_usage(connection, "c" * 32)
+    finally:
+        engine.dispose()
