@@ -10,6 +10,9 @@ A read whose waiter is gone (its timeout passed, or the client hung up) stops: i
 prompt in slices of ``SLICE`` tokens and checks between them, and a read still queued never starts;
 the context then holds what was really evaluated, which the next read reuses.
 
+Only the chat template's own text can become control tokens (``<|im_start|>``...): the messages'
+contents, the tenant's state among them, are tokenized as plain text (``Piece``).
+
 It answers decisions by label reading only: ``read_with`` gives the labels' exact logprobs at
 the reply's first position from the full vocabulary's logits (no top-k cap), each label's summed
 over the one-token spellings label reading found for it with ``tokenize`` (``A`` and `` A``).
@@ -21,12 +24,14 @@ import asyncio
 import importlib.util
 import json
 import math
+import re
+import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from infra_adapters.base import (
     BackendProtocolError,
@@ -44,6 +49,13 @@ INSTALL_HINT = "install the local runtime with: pip install 'arbiter[local]'"
 SPACE_MARKS = " "
 N_CTX = 4096
 SLICE = 64  # prompt tokens evaluated between two checks that the read is still awaited
+
+
+class Piece(NamedTuple):
+    """A run of prompt text: the template's own (may hold control tokens) or a message's content."""
+
+    text: str
+    content: bool
 
 
 class _Abandoned(Exception):
@@ -98,7 +110,7 @@ class LocalLlamaBackend:
         self.url = url
         self._threads = threads
         self._llama: Any = None
-        self._template: Any = None
+        self._template: Callable[[list[dict[str, Any]]], list[Piece]] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbiter-local-model")
 
     @property
@@ -167,6 +179,21 @@ class LocalLlamaBackend:
     def tokenize_sync(self, text: str) -> list[int]:
         return list(self._model().tokenize(text.encode(), add_bos=False, special=False))
 
+    def prompt_tokens(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt's tokens: the template's pieces parsed for control tokens, the contents not,
+        so a state that spells ``<|im_end|>`` says it in plain text. Pieces are tokenized apart; for
+        a BPE tokenizer (SmolLM2's) that is the whole text's tokenization, its pre-tokenizer splits
+        there anyway (a content beginning or ending in whitespace may merge differently)."""
+        llm = self._model()
+        render = self._template or _chat_template(llm.metadata)  # set with the model
+        # BOS once, at the start, if the model wants it (tokenize's add_bos would add it to every
+        # piece, and an EOS too on a model that adds one); the template renders none itself.
+        tokens = [int(llm.token_bos())] if llm._model.add_bos_token() else []
+        for piece in render(messages):
+            if piece.text:
+                tokens.extend(llm.tokenize(piece.text.encode(), add_bos=False, special=not piece.content))
+        return tokens
+
     def read_sync(self, messages: list[dict[str, Any]], labels: Sequence[str],
                   token_ids: Sequence[Sequence[int]], stop: threading.Event | None = None) -> LocalRead:
         """``token_ids``: per label, the ids of its one-token spellings (``A``, `` A``). ``stop``,
@@ -175,8 +202,7 @@ class LocalLlamaBackend:
         if stop.is_set():  # queued, and its waiter gave up before the worker got to it
             raise _Abandoned
         llm = self._model()
-        prompt = self._template(messages)
-        tokens = list(llm.tokenize(prompt.encode(), add_bos=True, special=True))
+        tokens = self.prompt_tokens(messages)
         if len(tokens) >= N_CTX:
             message = (f"the prompt of one question is {len(tokens)} tokens, over the local model's "
                        f"{N_CTX}-token context; send a shorter state")
@@ -251,9 +277,11 @@ class LocalReader:
         return None  # the model is the service backend's
 
 
-def _chat_template(metadata: dict[str, Any]) -> Any:
-    """A function from messages (the last one the assistant's prefilled reply) to prompt text:
-    the model's own chat template, continued after the prefill (vLLM's continue_final_message)."""
+def _chat_template(metadata: dict[str, Any]) -> Callable[[list[dict[str, Any]]], list[Piece]]:
+    """A function from messages (the last one the assistant's prefilled reply) to the prompt's
+    pieces: the model's own chat template, continued after the prefill (vLLM's
+    continue_final_message). The template renders a sentinel (unguessable: a fresh nonce each time)
+    in place of each message's content; the text is cut after the prefill's and split on them."""
     source = metadata.get("tokenizer.chat_template")
     if source:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -267,16 +295,22 @@ def _chat_template(metadata: dict[str, Any]) -> Any:
     else:
         template = None
 
-    def render(messages: list[dict[str, Any]]) -> str:
-        prefill = messages[-1]["content"]
+    def render(messages: list[dict[str, Any]]) -> list[Piece]:
+        nonce = secrets.token_hex(8)
+        contents = {f"\x1f{nonce}.{i}\x1f": m["content"] for i, m in enumerate(messages)}
+        masked = [{**m, "content": mark} for m, mark in zip(messages, contents)]
         if template is None:  # ChatML, the most common format of small instruct models
-            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in masked)
         else:
-            text = template.render(messages=messages, add_generation_prompt=False, enable_thinking=False,
+            text = template.render(messages=masked, add_generation_prompt=False, enable_thinking=False,
                                    bos_token="", eos_token="")
+        prefill = masked[-1]["content"]
         end = text.rfind(prefill)
         if end < 0:
             raise BackendProtocolError("the model's chat template dropped the prefilled reply")
-        return text[: end + len(prefill)]
+        parts = re.split("(" + "|".join(map(re.escape, contents)) + ")", text[: end + len(prefill)])
+        # re.split with one group: the template's text at even places, the sentinels at odd ones.
+        return [Piece(contents[part], True) if i % 2 else Piece(part, False)
+                for i, part in enumerate(parts) if part]
 
     return render
