@@ -12,7 +12,7 @@ from opentelemetry.trace import Span
 
 from app.decisions.forward import backend_failure, rejected_credential, rewrite_model
 from app.decisions.schema import media_kind
-from app.errors import BackendFailed, InvalidRequest, UpstreamAuthFailed
+from app.errors import ArbiterError, BackendFailed, InvalidRequest, UpstreamAuthFailed
 from app.services.registry import Registry, Replica
 from app.services.routing import ReplicaRouter
 from app.settings import Settings
@@ -183,7 +183,7 @@ class ChatForwarder:
         model = body["model"]
         cap = self._settings.max_response_bytes
         attempts = self._router.attempts(replicas)
-        failed: BackendFailed | None = None
+        failed: ArbiterError | None = None
         kept: Answer | None = None  # the latest replica's own 502/503/504, read whole
         waited = 0.0  # on every attempt's backend: not the gateway's own time
         for replica in attempts:
@@ -214,11 +214,12 @@ class ChatForwarder:
             waited += time.perf_counter() - started
             answer = Answer(replica, stream, model, cap, self._router, span, waited)
             if replica.backend.rejected_own_credential(stream):
+                # About this service's key, not the request: another replica may take it (as for
+                # decisions), and the replica stays in (its other models' keys may be fine).
                 await answer.close()
                 self._registry.note_credential_rejected(replica)
-                rejected = UpstreamAuthFailed(rejected_credential(replica))
-                rejected.backend_seconds = waited
-                raise rejected
+                failed = UpstreamAuthFailed(rejected_credential(replica))
+                continue
             if stream.status in _FAULT_STATUSES:
                 self._router.take_out(replica)
                 if attempts.another():  # nothing sent yet: try another replica, keeping this answer

@@ -302,3 +302,26 @@ def test_a_replicas_own_503_beats_the_other_replicas_connection_error(
     assert response.content == b'{"error":"overloaded, try later"}'
     assert response.headers["content-type"].startswith("application/json")
     assert response.headers["retry-after"] == "7"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat", "/v1/systemone"])
+def test_a_replica_that_rejects_arbiters_key_is_passed_over_for_the_other(
+        stack: Stack, gateway_factory: Callable[..., Gateway], path: str) -> None:
+    """A service whose key was rotated elsewhere refuses Arbiter's credential: about that service,
+    not the request, so another replica answers it, on every route (not a 500 for a coin toss)."""
+    guarded = OllamaState()  # no key wanted while the service is added and synced
+    server = EmulatorServer(make_ollama_app(guarded)).start()
+    try:
+        with stack.db.session() as session:
+            services.add_service(session, Settings(database_url=stack.db.url), CLI, type="ollama-external",
+                                 url=server.url, name="guarded", credential="the-old-key")
+        stack.gateway = gateway_factory()
+        wait_for(lambda: {len(e.replicas) for e in stack.gateway.app.components.registry.entries()} == {2})
+        guarded.required_bearer = "rotated-elsewhere"
+        body = decision() if path == "/v1/systemone" else chat(False)
+        with stack.client() as client:
+            codes = [client.post(path, json=body).status_code for _ in range(4)]
+        assert codes == [200] * 4
+        assert any(r.path != "/api/version" and r.method == "POST" for r in guarded.requests)  # it was tried
+    finally:
+        server.stop()
