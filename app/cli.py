@@ -111,13 +111,13 @@ def _parser() -> argparse.ArgumentParser:
 def _with_session(work: Callable[[Any, Any, Settings], Any]) -> Any:
     """``work(session, parts, settings)`` in one transaction; ``parts`` has the ``database`` and
     the key ``hasher``. Without the serving stack's imports (app/prepare.py)."""
+    settings = Settings()  # a bad setting is reported before any of the imports below
     from types import SimpleNamespace
 
     from app.db.migrate import NotMigrated
     from app.db.session import Database
     from app.prepare import key_hasher, prepare_database
 
-    settings = Settings()
     parts = SimpleNamespace(database=Database(settings.database_url), hasher=key_hasher(settings))
     try:
         prepare_database(settings, parts.database, parts.hasher)
@@ -130,13 +130,14 @@ def _with_session(work: Callable[[Any, Any, Settings], Any]) -> Any:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    settings = Settings(**overrides)  # a bad setting is reported before any of the imports below
+
     from app.db.migrate import NotMigrated
     from app.db.session import Database
     from app.prepare import key_hasher, prepare_database
     from app.telemetry.logs import configure as configure_logs
 
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    settings = Settings(**overrides)
     configure_logs(settings.log_level)
     database = Database(settings.database_url)
     try:
@@ -153,9 +154,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _migrate(_args: argparse.Namespace) -> int:
+    settings = Settings()  # a bad setting is reported before alembic's imports
     from app.db import migrate
 
-    migrate.upgrade(Settings().database_url)
+    migrate.upgrade(settings.database_url)
     print("database is at the latest migration")
     return 0
 
