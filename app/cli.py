@@ -109,46 +109,55 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _with_session(work: Callable[[Any, Any, Settings], Any]) -> Any:
-    from app.components import Components
-    from app.db.migrate import NotMigrated
+    """``work(session, parts, settings)`` in one transaction; ``parts`` has the ``database`` and
+    the key ``hasher``. Without the serving stack's imports (app/prepare.py)."""
+    settings = Settings()  # a bad setting is reported before any of the imports below
+    from types import SimpleNamespace
 
-    settings = Settings()
-    components = Components(settings)
+    from app.db.migrate import NotMigrated
+    from app.db.session import Database
+    from app.prepare import key_hasher, prepare_database
+
+    parts = SimpleNamespace(database=Database(settings.database_url), hasher=key_hasher(settings))
     try:
-        components.prepare_database()
-        with components.database.session() as session:
-            return work(session, components, settings)
+        prepare_database(settings, parts.database, parts.hasher)
+        with parts.database.session() as session:
+            return work(session, parts, settings)
     except NotMigrated as exc:
         raise SystemExit(f"arbiter: {exc}") from exc
     finally:
-        components.database.dispose()
+        parts.database.dispose()
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from app.components import Components
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    settings = Settings(**overrides)  # a bad setting is reported before any of the imports below
+
     from app.db.migrate import NotMigrated
-    from app.server import serve
+    from app.db.session import Database
+    from app.prepare import key_hasher, prepare_database
     from app.telemetry.logs import configure as configure_logs
 
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    settings = Settings(**overrides)
     configure_logs(settings.log_level)
-    check = Components(settings)
+    database = Database(settings.database_url)
     try:
-        check.prepare_database()
+        prepare_database(settings, database, key_hasher(settings))
     except NotMigrated as exc:
         print(f"arbiter: {exc}", file=sys.stderr)
         return 2
     finally:
-        check.database.dispose()
+        database.dispose()
+    from app.server import serve  # the serving stack's imports: once the database is ready
+
     serve(settings)
     return 0
 
 
 def _migrate(_args: argparse.Namespace) -> int:
+    settings = Settings()  # a bad setting is reported before alembic's imports
     from app.db import migrate
 
-    migrate.upgrade(Settings().database_url)
+    migrate.upgrade(settings.database_url)
     print("database is at the latest migration")
     return 0
 

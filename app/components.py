@@ -12,15 +12,14 @@ from typing import Any, TypeVar
 import pydantic_core
 from prometheus_client import start_http_server
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.changes import ChangeBus
 from app.chat.forward import ChatForwarder
-from app.db import migrate
 from app.db.session import Database
 from app.decisions.forward import Forwarder
 from app.mesh.node import Mesh
+from app.prepare import key_hasher, prepare_database
 from app.services.installs import Installer
 from app.services.registry import Registry
 from app.services.routing import ReplicaRouter
@@ -32,7 +31,6 @@ from app.telemetry.tracing import Tracing, provider_from_environment
 from app.telemetry.usage import UsageLedger
 from app.tenancy import service as tenancy
 from app.tenancy.keycache import KeyCache
-from app.tenancy.keys import KeyHasher
 from app.tenancy.limits import LocalStore, RateLimiter, RedisStore
 from app.tenancy.touches import KeyTouches
 
@@ -46,7 +44,7 @@ class Components:
         self.tracing = Tracing(tracer_provider if tracer_provider is not None else provider_from_environment(),
                                state=settings.trace_state, state_max_bytes=settings.trace_state_max_bytes)
         self.database = Database(settings.database_url)
-        self.hasher = KeyHasher(settings.key_pepper.get_secret_value() if settings.key_pepper else None)
+        self.hasher = key_hasher(settings)
         self.keys = KeyCache(self.hasher, self._load_principal, settings.key_cache_ttl)
         self.registry = Registry(self.database, settings)
         self.metrics = Metrics(project_label=settings.metrics_project_label)
@@ -81,20 +79,7 @@ class Components:
 
     def prepare_database(self) -> None:
         """Migrate (when configured) or refuse an unmigrated database; bootstrap the admin key."""
-        if self.settings.auto_migrate:
-            migrate.upgrade(self.settings.database_url)
-        migrate.check_current(self.database.engine)
-        if self.settings.bootstrap_admin_key is not None:
-            value = self.settings.bootstrap_admin_key.get_secret_value()
-            try:
-                with self.database.session() as session:
-                    if tenancy.ensure_bootstrap_admin_key(session, self.hasher, value):
-                        log.info("registered the admin key from ARBITER_BOOTSTRAP_ADMIN_KEY")
-            except IntegrityError:
-                # Another replica starting at the same moment registered the same key first.
-                with self.database.session() as session:
-                    if not tenancy.key_registered(session, self.hasher, value):
-                        raise
+        prepare_database(self.settings, self.database, self.hasher)
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()  # for tools and tests that look inside from outside

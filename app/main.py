@@ -7,7 +7,7 @@ lean routes and everything else to FastAPI; the middleware stack wraps both.
 from __future__ import annotations
 
 import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
@@ -64,9 +64,10 @@ class Arbiter:
         openai = OpenAIDecisionForwarder(c.registry, c.router, settings, c.tracing, c.limiter)
         self.openai_decisions = OpenAIDecisionsRoute(c.keys, openai, c.touches, c.observer, c.tracing, settings,
                                                      c.mesh.auth)
+        self.route_templates = RouteTemplates(self.fastapi)
         self._stack: ASGIApp = build_stack(self._route, c.metrics,
                                            frozenset({DECISION_PATH, OPENAI_DECISIONS_PATH, *CHAT_PATHS}),
-                                           _route_templates(self.fastapi), c.tracing, settings.max_concurrency)
+                                           self.route_templates, c.tracing, settings.max_concurrency)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._stack(scope, receive, send)
@@ -148,6 +149,33 @@ def _route_templates(app: FastAPI) -> dict[int, str]:
     be counted under one of its places)."""
     return {id(context.original_route): context.path for context in iter_route_contexts(app.routes)
             if context.path is not None}
+
+
+class RouteTemplates(Mapping[int, str]):
+    """``_route_templates(app)``, made when first read. Making them builds every route's context
+    in FastAPI (its dependants and validators): half a second of CPU, which an app that is only
+    asked the lean routes never needs, and which FastAPI otherwise does per router on the first
+    request to it. A test suite that starts gateways by the hundred saves minutes. ``arbiter
+    serve`` makes them before it serves (app/server.py): the first admin request pays nothing,
+    and what they hold is made before the lifespan's ``gc.freeze``."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self._app = app
+        self._templates: dict[int, str] | None = None
+
+    def resolve(self) -> dict[int, str]:
+        if self._templates is None:
+            self._templates = _route_templates(self._app)
+        return self._templates
+
+    def __getitem__(self, key: int) -> str:
+        return self.resolve()[key]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.resolve())
+
+    def __len__(self) -> int:
+        return len(self.resolve())
 
 
 async def _served_by_lean_route() -> None:  # pragma: no cover - POST never reaches FastAPI

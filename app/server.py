@@ -229,7 +229,9 @@ def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
 def serve(settings: Settings) -> None:
     # log_config=None: uvicorn's loggers keep the JSON handler `configure` gave them (app/telemetry/logs.py)
     # instead of its own plain-text set-up. proxy_headers=False: the app applies them (see main.py).
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, loop="uvloop",
+    app = create_app(settings)
+    app.route_templates.resolve()  # FastAPI's route contexts, before serving (app/main.py RouteTemplates)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop",
                             http=HttpProtocol.configured(settings), lifespan="on", access_log=False, log_level="warning",
                             log_config=None, timeout_graceful_shutdown=30, proxy_headers=False)
     logging.getLogger("arbiter.server").info("serving on http://%s:%d", settings.host, settings.port)

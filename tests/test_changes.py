@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,6 +14,19 @@ from app.changes import ChangeBus
 from tests.support import redis_url
 
 REDIS = redis_url(0)
+
+
+async def settled(check: Callable[[], Any], timeout: float = 10.0) -> None:
+    """Wait until ``check()`` is true (a generous deadline: the host may be loaded)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "not true in time"
+        await asyncio.sleep(0.02)
+
+
+async def subscribers(client: Any, channel: str) -> int:
+    """How many subscriptions to ``channel`` the Redis server has."""
+    return int(dict(await client.pubsub_numsub(channel)).get(channel.encode(), 0))
 
 
 def test_a_failing_handler_does_not_stop_the_listener() -> None:
@@ -33,10 +47,11 @@ def test_a_failing_handler_does_not_stop_the_listener() -> None:
                 raise RuntimeError("the database is away")
 
         task = asyncio.create_task(listener.listen({"keys": keys}))
-        await asyncio.sleep(0.3)
-        for _ in range(3):
+        await settled(lambda: len(seen) == 1)  # subscribed: the catch-up comes once it is
+        for expected in (2, 3, 4):
             await sender.publish("keys")
-            await asyncio.sleep(0.1)
+            await settled(lambda: len(seen) == expected)  # noqa: B023 - called before the next round
+        await asyncio.sleep(0.1)  # and nothing more
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await listener_client.aclose()
@@ -64,13 +79,13 @@ def test_deployments_on_other_redis_databases_are_not_heard() -> None:
             seen.append("same database")
 
         task = asyncio.create_task(listener.listen({"models": models}))
-        await asyncio.sleep(0.3)
+        await settled(lambda: bool(seen))
         assert seen == ["same database"]  # the catch-up at the first subscription
         seen.clear()
         await elsewhere.publish("models")
-        await asyncio.sleep(0.2)
-        await same.publish("models")
-        await asyncio.sleep(0.2)
+        await same.publish("models")  # after the other: had that one been heard, it came first
+        await settled(lambda: bool(seen))
+        await asyncio.sleep(0.1)  # and nothing more
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         for client in clients:
@@ -114,10 +129,7 @@ def test_changes_made_before_the_first_subscription_are_caught_up() -> None:
             seen.append("models")
 
         task = asyncio.create_task(ChangeBus(client).listen({"keys": keys, "models": models}))
-        for _ in range(50):
-            if len(seen) == 2:
-                break
-            await asyncio.sleep(0.05)
+        await settled(lambda: len(seen) >= 2)
         await asyncio.sleep(0.1)  # and nothing more
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -145,16 +157,18 @@ def test_changes_missed_while_redis_was_away_are_caught_up_on_reconnecting() -> 
             seen.append("models")
 
         task = asyncio.create_task(listener.listen({"keys": keys, "models": models}))
-        await asyncio.sleep(0.3)
+        await settled(lambda: len(seen) == 2)
         seen.clear()  # the catch-up at the first subscription
+        subscribed = await subscribers(sender_client, listener.channel)
         proxy.down()
-        await asyncio.sleep(0.3)
+        deadline = asyncio.get_running_loop().time() + 10
+        while await subscribers(sender_client, listener.channel) >= subscribed:  # Redis dropped it
+            assert asyncio.get_running_loop().time() < deadline, "the subscription outlived the proxy"
+            await asyncio.sleep(0.02)
         await sender.publish("keys")  # missed: nobody is subscribed through the proxy
         proxy.up()
-        for _ in range(50):
-            if seen:
-                break
-            await asyncio.sleep(0.1)
+        await settled(lambda: len(seen) >= 2, timeout=20)  # its back-off may have grown to a few seconds
+        await asyncio.sleep(0.1)  # and nothing more
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await listener_client.aclose()

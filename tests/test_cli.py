@@ -83,7 +83,7 @@ def serve(migrated: dict[str, str]) -> Iterator[Callable[[], str]]:
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         processes.append(process)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # generous: CI runs two passes at once on two cores
         while True:
             assert process.poll() is None, process.communicate()
             assert time.monotonic() < deadline, "arbiter serve did not answer /healthz"

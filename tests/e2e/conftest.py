@@ -33,7 +33,7 @@ def environment(database_url: str) -> dict[str, str]:
     return env
 
 
-def wait_ready(url: str, process: subprocess.Popen[bytes] | None = None, timeout: float = 20) -> None:
+def wait_ready(url: str, process: subprocess.Popen[bytes] | None = None, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:

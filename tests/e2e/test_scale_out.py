@@ -18,9 +18,14 @@ from sqlalchemy import func, select
 
 from app.db.models import Lease, UsageRecord
 from app.db.session import Database
+from app.services import service as services
+from app.settings import Settings
+from app.tenancy import service as tenancy
+from app.tenancy.keys import KeyHasher
+from app.tenancy.service import CLI
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.e2e.conftest import ARBITER, environment, free_port, run, wait_ready
+from tests.e2e.conftest import ARBITER, environment, free_port, wait_ready
 from tests.support import redis_url
 
 REDIS = redis_url(1)
@@ -61,10 +66,15 @@ def cluster(db: Database) -> Iterator[Cluster]:
     env = {**environment(url), "ARBITER_REDIS_URL": REDIS, "ARBITER_SYNC_INTERVAL": "0.5",
            "ARBITER_KEY_CACHE_TTL": "300", "ARBITER_REGISTRY_REFRESH_INTERVAL": "300",
            "ARBITER_FLUSH_INTERVAL": "0.2", "ARBITER_SECRET_KEY": "e2e-secret-key-of-the-tests"}
-    run(["service", "add", "--type", "ollama-external", "--url", emulator.url, "--name", "ollama"], env)
-    run(["project", "create", "shop"], env)
-    key = run(["key", "create", "--project", "shop"], env).stdout.strip().splitlines()[-1]
-    admin = run(["admin", "create-key"], env).stdout.strip().splitlines()[-1]
+    # Provisioned in this process, as `arbiter service add`, `project create`, `key create` and
+    # `admin create-key` do (tests/test_cli.py runs those): four processes less per test.
+    hasher = KeyHasher()
+    with db.session() as session:
+        settings = Settings(database_url=db.url, secret_key=env["ARBITER_SECRET_KEY"])
+        services.add_service(session, settings, CLI, type="ollama-external", url=emulator.url, name="ollama")
+        tenancy.create_project(session, "shop", CLI, models="all")
+        key = tenancy.create_key(session, hasher, CLI, kind="project", project="shop")[1]
+        admin = tenancy.create_key(session, hasher, CLI, kind="admin")[1]
     ports = [free_port(), free_port()]
     processes = [subprocess.Popen([ARBITER, "serve", "--port", str(p)], env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL) for p in ports]

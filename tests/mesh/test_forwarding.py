@@ -8,12 +8,14 @@ from collections.abc import Callable
 
 import httpx
 import orjson
+import pytest
 from prometheus_client import generate_latest
 from sqlalchemy import func, select
 
 from app.api.asgi import Receive, Scope, Send, send_bytes
 from app.db.models import AuditEntry, MeshPeer, UsageRecord
 from app.errors import NotFound
+from app.mesh import node as mesh_node_module
 from app.mesh.auth import MeshAuth
 from tests.api.public.openai_sdk import QUESTIONS, TICKET
 from tests.mesh.conftest import MESH_KEY, Node
@@ -77,15 +79,19 @@ def test_three_nodes_in_a_line(mesh_node: Callable[..., Node]) -> None:
     assert [m["id"] for m in listed] == ["tev1"] and listed[0]["owned_by"] == "mesh"
 
 
-def test_a_route_waits_as_long_as_the_model_where_it_runs(mesh_node: Callable[..., Node]) -> None:
+def test_a_route_waits_as_long_as_the_model_where_it_runs(mesh_node: Callable[..., Node],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     # tev1 may take 30 s on node-c; node-a's own backends get a tenth of a second. A request
     # through A and B waits for tev1's 30 s (and a margin per hop), not for A's own timeout.
+    # The margin per hop is 1 s here instead of 5 s, so that the request that outlasts the wrong
+    # timeout need not take 7.5 s (all three nodes run in this process).
+    monkeypatch.setattr(mesh_node_module, "HOP_MARGIN", 1.0)
     c = mesh_node("node-c", models={"tev1": ["decision"]}, backend_timeout=30.0)
     b = mesh_node("node-b", peers=[c.url])
     a = mesh_node("node-a", peers=[b.url], backend_timeout=0.1)
     wait_for(lambda: _answers(a, "tev1"))
-    # Past A's own timeout plus one margin (5.1 s, which aiohttp rounds up to the next second).
-    c.ollama.faults.latency = 7.5
+    # Well past A's own timeout plus one margin (1.1 s, 2 s if rounded up to the next second).
+    c.ollama.faults.latency = 3.0
     slow = a.client().post("/v1/systemone", json=decision("tev1"))
     assert slow.status_code == 200, slow.text
     c.ollama.faults.reset()

@@ -15,7 +15,7 @@ import pytest
 from app.mesh.auth import ANY_NODE, MeshAuth
 from app.mesh.protocol import EXCHANGE_PATH
 from tests.mesh.conftest import MESH_KEY, Node
-from tests.support import assert_error
+from tests.support import assert_error, wait_for
 
 
 class _Records(logging.Handler):
@@ -77,7 +77,7 @@ def test_a_peer_that_goes_away_in_the_middle_of_its_list_is_no_error(
                      f"Authorization: {authorization}\r\nContent-Length: {len(body) + 100}\r\n\r\n".encode()
                      + body[:10])
         time.sleep(0.3)  # the node is reading the list when the peer goes
-    time.sleep(0.5)
+    wait_for(lambda: any("went away in the middle of its model list" in r.getMessage()
+                         for r in server_logs.records))
     assert [r.getMessage() for r in server_logs.records if r.levelno >= logging.ERROR] == []
-    assert any("went away in the middle of its model list" in r.getMessage() for r in server_logs.records)
     assert b.mesh()["peers"] == []

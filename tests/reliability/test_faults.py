@@ -58,9 +58,9 @@ def leaks(gateway: Gateway) -> tuple[int, int]:
 
 
 def settled(gateway: Gateway, baseline_tasks: int) -> tuple[int, int]:
-    """``leaks()`` once connections are back and tasks are down to ``baseline_tasks``, or after 3 s.
+    """``leaks()`` once connections are back and tasks are down to ``baseline_tasks``, or after 10 s.
     A periodic flush of usage or key touches may be under way (a shielded task of its own)."""
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + 10
     while True:
         acquired, tasks = leaks(gateway)
         if (acquired == 0 and tasks <= baseline_tasks) or time.monotonic() > deadline:

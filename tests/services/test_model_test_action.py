@@ -105,7 +105,7 @@ def test_tests_are_not_billed_to_any_project(stack: Stack) -> None:
     assert last_used(stack) == [None]
     with stack.client() as client:  # a tenant's request is what touches the key
         assert client.post("/v1/systemone", json=decision()).status_code == 200
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 15
     while last_used(stack) == [None]:
         assert time.monotonic() < deadline, "the tenant's request did not touch its key"
         time.sleep(0.1)

@@ -118,7 +118,10 @@ def test_in_flight_counts_survive_registry_reloads(two_replicas: Stack) -> None:
 
     with two_replicas.client() as client, ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(client.post, "/v1/systemone", json=decision()) for _ in range(6)]
-        time.sleep(0.1)
+        deadline = time.monotonic() + 10  # requests in flight (a fixed pause may be too short on a loaded host)
+        while not any(r.in_flight for r in gateway.app.components.registry.get("nimble").replicas):
+            assert time.monotonic() < deadline, "no request reached the backends"
+            time.sleep(0.01)
         asyncio.run_coroutine_threadsafe(gateway.app.components.registry.reload(), loop).result(5)
         assert all(f.result().status_code == 200 for f in futures)
     replicas = gateway.app.components.registry.get("nimble").replicas

@@ -183,7 +183,7 @@ def test_an_upgrade_lifts_the_gate_at_the_next_scheduled_sync(
         assert view["version"] == "0.35.1" and view["skipped_models"] == []
         assert "tev1" in names(body(admin.get("/admin/services/lab/models"), 200)["data"])
         assert "service.refresh" not in {e["action"] for e in body(admin.get("/admin/audit"), 200)["data"]}
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 15
     while (response := decide(stack, "tev1")).status_code != 200:  # the registry follows the sync
         assert time.monotonic() < deadline, response.text
         time.sleep(0.1)

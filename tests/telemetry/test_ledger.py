@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -83,7 +84,10 @@ def test_the_database_going_away_row_by_row_keeps_the_rest_and_the_writer_lives(
         await asyncio.sleep(0.02)
         await ledger.flush()
         assert (rows(db), ledger.pending, ledger.dropped) == (2, 7, 1)
-        await asyncio.sleep(0.2)  # the timer writes the rest
+        deadline = time.monotonic() + 10
+        while (ledger.pending or rows(db) < 9) and not task.done():  # the timer writes the rest
+            assert time.monotonic() < deadline, (rows(db), ledger.pending)
+            await asyncio.sleep(0.02)
         alive = not task.done()
         task.cancel()
         return alive

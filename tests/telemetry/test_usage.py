@@ -43,7 +43,7 @@ def test_usage_per_day_and_model_for_a_project_and_the_gateway(stack: Stack) -> 
         acme.post("/v1/systemone", json=decision("clef"))
         globex.post("/v1/systemone", json=decision())
     with stack.client("admin") as admin:
-        deadline = time.monotonic() + 5  # the ledger writes every flush_interval (0.1 s here)
+        deadline = time.monotonic() + 15  # the ledger writes every flush_interval (0.1 s here)
         while len(admin.get("/admin/usage").json()["data"]) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         everything = admin.get("/admin/usage").json()["data"]

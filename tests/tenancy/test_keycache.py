@@ -88,17 +88,22 @@ def test_a_lookup_that_raced_a_revocation_is_not_cached() -> None:
         nonlocal calls
         cache: KeyCache
 
+        reading, revoked = threading.Event(), threading.Event()
+
         def loader(_digest: str) -> Principal:
             nonlocal calls
             calls += 1
             if calls == 1:
-                time.sleep(0.2)  # the revocation lands while this reads
+                reading.set()
+                revoked.wait(5)  # the revocation lands while this reads
             return principal()
 
         cache = KeyCache(HASHER, loader, ttl=60)
         first = asyncio.ensure_future(cache.authenticate(f"Bearer {KEY}", "project"))
-        await asyncio.sleep(0.05)
+        while not reading.is_set():  # the lookup is reading (a fixed pause may be too short on a loaded host)
+            await asyncio.sleep(0.01)
         cache.invalidate()
+        revoked.set()
         await first
         await cache.authenticate(f"Bearer {KEY}", "project")
         return calls
@@ -111,9 +116,11 @@ def test_a_request_after_a_revocation_does_not_join_a_lookup_from_before_it() ->
     comes: it must not share the first lookup's stale "not revoked" answer."""
     revoked = threading.Event()
     release = threading.Event()
+    lookups: list[bool] = []
 
     def loader(_digest: str) -> Principal:
         was_revoked = revoked.is_set()  # what the database said when this lookup read it
+        lookups.append(was_revoked)
         release.wait(5)
         now = dt.datetime.now(dt.UTC)
         return dataclasses.replace(principal(), revoked_at=now if was_revoked else None)
@@ -121,11 +128,14 @@ def test_a_request_after_a_revocation_does_not_join_a_lookup_from_before_it() ->
     async def scenario() -> tuple[Any, Any]:
         cache = KeyCache(HASHER, loader, ttl=60)
         before = asyncio.ensure_future(cache.authenticate(f"Bearer {KEY}", "project"))
-        await asyncio.sleep(0.05)  # the lookup has read the row
+        while not lookups:  # the lookup has read the row
+            await asyncio.sleep(0.01)
         revoked.set()
         cache.invalidate()  # what the admin API does once the revocation is committed
         after = asyncio.ensure_future(cache.authenticate(f"Bearer {KEY}", "project"))
-        await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while len(lookups) < 2 and time.monotonic() < deadline:  # its own lookup (none if it joined the first)
+            await asyncio.sleep(0.01)
         release.set()
         return tuple(await asyncio.gather(before, after, return_exceptions=True))
 
