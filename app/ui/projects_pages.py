@@ -14,6 +14,8 @@ from app.db.models import Project
 from app.errors import InvalidRequest
 from app.services import service as services
 from app.tenancy import service as tenancy
+from app.ui.shelf import COOKIE as SHELF_COOKIE
+from app.ui.shelf import SHELF_SECONDS
 from app.ui.web import (
     FORM_ERRORS,
     Admin,
@@ -125,10 +127,29 @@ async def _detail(request: Request, admin: Admin, project_id: int, *, status: in
 @router.get("/projects/{project_id}")
 async def detail_page(request: Request, project_id: int, done: str = "") -> Response:
     admin = await signed_in(request)
-    new_key = await ui_state(request).new_keys.take(admin.session, project_id)  # shown once, then gone
+    carried = request.cookies.get(SHELF_COOKIE)
+    new_key = await ui_state(request).new_keys.take(admin.session, project_id, carried)  # shown once, then gone
     if new_key is None and done in ("key", "rotated"):
         done = "shown"
-    return await _detail(request, admin, project_id, done=done, new_key=new_key)
+    response = await _detail(request, admin, project_id, done=done, new_key=new_key)
+    if carried is not None:
+        response.delete_cookie(SHELF_COOKIE, path=_page(project_id), httponly=True, samesite="strict")
+    return response
+
+
+async def _shown_next(request: Request, admin: Admin, project_id: int, new_key: dict[str, Any],
+                      done: str) -> Response:
+    """Keep a new key for the project page's one display, and redirect there."""
+    carried = await ui_state(request).new_keys.put(admin.session, project_id, new_key)
+    response = redirect(f"{_page(project_id)}?done={done}")
+    if carried is not None:  # no Redis: the browser carries it, sealed, to whichever replica serves the page
+        response.set_cookie(SHELF_COOKIE, carried, max_age=SHELF_SECONDS, path=_page(project_id), httponly=True,
+                            samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
+def _page(project_id: int) -> str:
+    return f"/ui/projects/{project_id}"
 
 
 async def _update(request: Request, project_id: int, form_id: str, fields: Any) -> Response:
@@ -196,8 +217,7 @@ async def create_key(request: Request, project_id: int) -> Response:
     except FORM_ERRORS as exc:
         return await _detail(request, admin, project_id, status=400, errors={"key": message(exc)},
                              values={"form": "key", **form.values()})
-    await ui_state(request).new_keys.put(admin.session, project_id, new_key)
-    return redirect(f"/ui/projects/{project_id}?done=key")
+    return await _shown_next(request, admin, project_id, new_key, "key")
 
 
 @router.post("/keys/{key_id}/rotate")
@@ -225,8 +245,7 @@ async def rotate_key(request: Request, key_id: int) -> Response:
     except FORM_ERRORS as exc:
         return await _detail(request, admin, project_id, status=400, errors={f"key-{key_id}": message(exc)})
     await c.changed_keys()
-    await ui_state(request).new_keys.put(admin.session, project_id, new_key)
-    return redirect(f"/ui/projects/{project_id}?done=rotated")
+    return await _shown_next(request, admin, project_id, new_key, "rotated")
 
 
 @router.post("/keys/{key_id}/revoke")

@@ -2,8 +2,10 @@
 project page takes it (once) and shows it. A reload then shows nothing and creates nothing.
 
 An entry is tied to the session that made it and to the project, lives ``SHELF_SECONDS``, and is
-never in a URL. With Redis and ``ARBITER_SECRET_KEY`` (the replicas of one deployment) it is kept
-in Redis, encrypted, so the GET may land on another replica; otherwise in this process's memory.
+never in a URL. With ``ARBITER_SECRET_KEY`` (the replicas of one deployment share it) the GET may
+land on another replica: the entry is kept encrypted in Redis, or, without Redis (or with Redis
+away), in a cookie of the browser's, encrypted with the same secret, which the redirect sets and
+the page it leads to clears. Without a secret there is one replica: this process's memory.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from app.ui.session import UiSession
 log = logging.getLogger("arbiter.ui")
 SHELF_SECONDS = 300
 _PREFIX = "arbiter:ui:new-key:"
+COOKIE = "arbiter_new_key"  # carries an entry when there is a secret but no Redis (see ``put``)
 
 
 class KeyShelf:
@@ -38,29 +41,46 @@ class KeyShelf:
     def _slot(session: UiSession, project_id: int) -> str:
         return hashlib.sha256(f"{session.token}:{project_id}".encode()).hexdigest()
 
-    async def put(self, session: UiSession, project_id: int, view: dict[str, Any]) -> None:
+    async def put(self, session: UiSession, project_id: int, view: dict[str, Any]) -> str | None:
+        """Keep ``view`` for one display. Answers the value of the cookie ``COOKIE`` to set on the
+        redirect when the entry travels with the browser (a secret, but no Redis to keep it in),
+        else None."""
         slot = self._slot(session, project_id)
-        if self._redis is not None and self._fernet is not None:
-            sealed = self._fernet.encrypt(json.dumps(view).encode())
-            try:
-                await self._redis.set(_PREFIX + slot, sealed, ex=SHELF_SECONDS)
-                return
-            except (RedisError, OSError, TimeoutError) as exc:  # Redis away: this replica's memory will do
-                log.warning("web UI: cannot keep a new key in Redis (%s); kept in memory", type(exc).__name__)
+        if self._fernet is not None:
+            if self._redis is not None:
+                try:
+                    await self._redis.set(_PREFIX + slot, self._fernet.encrypt(json.dumps(view).encode()),
+                                          ex=SHELF_SECONDS)
+                    return None
+                except (RedisError, OSError, TimeoutError) as exc:  # Redis away: the browser carries it
+                    log.warning("web UI: cannot keep a new key in Redis (%s); sent in a sealed cookie",
+                                type(exc).__name__)
+            return self._fernet.encrypt(json.dumps({"slot": slot, "view": view}).encode()).decode()
         now = time.monotonic()
         with self._lock:
             for old in [k for k, (until, _) in self._memory.items() if until <= now]:
                 del self._memory[old]
             self._memory[slot] = (now + SHELF_SECONDS, view)
+        return None
 
-    async def take(self, session: UiSession, project_id: int) -> dict[str, Any] | None:
-        """The key put for this session and project, once; None when there is none (any more)."""
+    async def take(self, session: UiSession, project_id: int, cookie: str | None = None) -> dict[str, Any] | None:
+        """The key put for this session and project, once; None when there is none (any more).
+        ``cookie``: the request's ``COOKIE``, if any (the page clears it)."""
         slot = self._slot(session, project_id)
         with self._lock:
             kept = self._memory.pop(slot, None)
         if kept is not None:
             return kept[1] if kept[0] > time.monotonic() else None
-        if self._redis is None or self._fernet is None:
+        if self._fernet is None:
+            return None
+        if cookie:
+            try:
+                carried = json.loads(self._fernet.decrypt(cookie.encode(), ttl=SHELF_SECONDS))
+            except (InvalidToken, ValueError):
+                carried = None
+            if isinstance(carried, dict) and carried.get("slot") == slot and isinstance(carried.get("view"), dict):
+                return carried["view"]  # type: ignore[no-any-return]
+        if self._redis is None:
             return None
         try:
             sealed = await self._redis.getdel(_PREFIX + slot)

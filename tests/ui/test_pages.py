@@ -7,7 +7,7 @@ import datetime as dt
 import html
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from typing import Any
 
@@ -18,7 +18,7 @@ from app.db.models import ApiKey
 from app.errors import Conflict
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import Stack, decision
+from tests.support import Gateway, Stack, decision
 from tests.ui.conftest import csrf_of, ui_sign_in
 
 ALERT = re.compile(r'<p class="error" role="alert" id="([^"]+)-error">([^<]*)</p>')
@@ -430,6 +430,29 @@ def test_a_new_key_is_shown_once_and_a_reload_makes_no_other(ui: httpx.Client, s
         created = post(ui, f"{page}/keys", page, name="twice")
         assert 'id="new-key-value"' not in other.get(created.headers["location"]).text
         assert 'id="new-key-value"' in ui.get(created.headers["location"]).text
+
+
+def test_a_new_key_is_shown_by_another_replica_without_redis(
+        ui: httpx.Client, stack: Stack, gateway_factory: Callable[..., Gateway]) -> None:
+    """Two replicas sharing ARBITER_SECRET_KEY but no Redis, behind a balancer: the redirect after
+    the POST lands on the other one, which shows the key (the browser carried it, sealed), once."""
+    made = post(ui, "/ui/projects", "/ui/projects", name="lb", scope="all")
+    page = made.headers["location"].split("?")[0]
+    created = post(ui, f"{page}/keys", page, name="balanced")
+    carried = created.headers["set-cookie"]
+    assert carried.startswith("arbiter_new_key=") and "arb_proj_" not in carried  # sealed
+    assert all(part in carried for part in ("HttpOnly", f"Path={page}", "SameSite=strict", "Max-Age=300"))
+    replica = gateway_factory()
+    with httpx.Client(base_url=replica.url, cookies=ui.cookies) as other:
+        shown = other.get(created.headers["location"])
+        assert shown.status_code == 200 and 'id="new-key-value"' in shown.text, shown.text[:500]
+        value = re.search(r'value="(arb_proj_[A-Za-z0-9]{43})"', shown.text)
+        assert value is not None and [k["last_four"] for k in _keys_of(stack, "lb")] == [value.group(1)[-4:]]
+        assert 'arbiter_new_key=""' in shown.headers["set-cookie"]  # cleared
+        assert 'id="new-key-value"' not in other.get(created.headers["location"]).text  # the reload
+    with closing(ui_sign_in(replica.url, stack.admin_key)) as stranger:  # another session, same cookie
+        stranger.cookies.set("arbiter_new_key", carried.split(";")[0].split("=", 1)[1])
+        assert 'id="new-key-value"' not in stranger.get(created.headers["location"]).text
 
 
 def test_key_states_and_rotation(ui: httpx.Client, stack: Stack) -> None:

@@ -54,3 +54,15 @@ def test_through_redis_another_replica_shows_it_and_it_is_sealed() -> None:
         finally:
             await client.aclose()
     run(walk())
+
+
+def test_with_a_secret_and_no_redis_the_browser_carries_it_sealed() -> None:
+    async def walk() -> None:
+        one, two, foreign = KeyShelf(None, "s" * 32), KeyShelf(None, "s" * 32), KeyShelf(None, "t" * 32)
+        carried = await one.put(MINE, 3, VIEW)
+        assert carried is not None and "arb_proj_secret" not in carried
+        assert await two.take(MINE, 3, carried) == VIEW  # another replica with the same secret
+        assert await two.take(OTHER, 3, carried) is None and await two.take(MINE, 4, carried) is None
+        assert await foreign.take(MINE, 3, carried) is None and await two.take(MINE, 3, "forged") is None
+        assert await KeyShelf().put(MINE, 3, VIEW) is None  # no secret: one process, its memory
+    run(walk())
