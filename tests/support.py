@@ -3,7 +3,9 @@ that asserts SPEC §1's error shape."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import socket
 import threading
 import time
@@ -65,11 +67,35 @@ def tampered(key: str) -> str:
     return key[:-1] + ("A" if key[-1] != "A" else "B")
 
 
+# Ports for servers a test starts itself (``arbiter serve`` in a process of its own) and for
+# backends that are away. A port picked by binding port 0 is from Linux's ephemeral range
+# (32768-60999), where every outgoing connection takes its local port too: between the pick and
+# the server's bind, one of the thousands of connections a suite makes (or the other CI pass)
+# could take it. These come from below that range, from a band of this pass's own, each handed
+# out once per run (a counter from a random start), and checked free.
+_BAND = (26000, 31999) if os.environ.get("ARBITER_TEST_DATABASE_URL", "").startswith("postgres") else (20000, 25999)
+_next_port = itertools.count(random.randrange(_BAND[1] - _BAND[0]))
+_port_lock = threading.Lock()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on, that nothing else will take before the test binds it."""
+    span = _BAND[1] - _BAND[0] + 1
+    with _port_lock:
+        for _ in range(span):
+            port = _BAND[0] + next(_next_port) % span
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError(f"no free port in {_BAND[0]}-{_BAND[1]}")
+
+
 def closed_port() -> int:
     """A loopback port that nothing listens on (a backend that is away)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()
 
 
 class Gateway:

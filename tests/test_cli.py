@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,15 +15,9 @@ import pytest
 
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import assert_error, decision
+from tests.support import assert_error, decision, free_port
 
 ARBITER = str(Path(sys.executable).with_name("arbiter"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def arbiter(env: dict[str, str], *args: str, ok: bool = True) -> subprocess.CompletedProcess[str]:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import functools
+import logging
+import time
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy
 from alembic import command
@@ -15,6 +18,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool import NullPool
 
 from app.settings import sqlalchemy_url
+
+log = logging.getLogger("arbiter.migrate")
 
 MIGRATIONS = Path(__file__).resolve().parent.parent.parent / "migrations"
 
@@ -51,9 +56,8 @@ def upgrade(database_url: str) -> None:
     engine = create_engine(url, poolclass=NullPool)
     try:
         with engine.connect() as connection:
-            connection.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK})")
+            _take_migration_lock(connection)
             try:
-                connection.commit()
                 config.attributes["connection"] = connection
                 command.upgrade(config, "head")
             finally:
@@ -61,6 +65,23 @@ def upgrade(database_url: str) -> None:
                 connection.commit()
     finally:
         engine.dispose()
+
+
+def _take_migration_lock(connection: Any) -> None:
+    """The session's advisory lock, asked for again every quarter second rather than waited on: a
+    waiting ``pg_advisory_lock`` holds a snapshot, and a migration building an index CONCURRENTLY
+    (0008) waits for every older snapshot to end, so it and the replicas waiting for it would
+    deadlock. Between tries nothing is open (each try is committed); the lock outlives commits."""
+    waited = False
+    while True:
+        taken = connection.exec_driver_sql(f"SELECT pg_try_advisory_lock({MIGRATION_LOCK})").scalar()
+        connection.commit()
+        if taken:
+            return
+        if not waited:
+            log.info("another process is migrating the database; waiting for it")
+            waited = True
+        time.sleep(0.25)
 
 
 @functools.cache

@@ -14,7 +14,8 @@ import pytest
 from bench import run
 from infra_adapters.emulators.ollama import OllamaState
 from infra_adapters.emulators.server import EmulatorServer
-from tests.e2e.conftest import free_port, wait_ready
+from tests.e2e.conftest import wait_ready
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,12 +11,6 @@ from pathlib import Path
 import httpx
 
 ARBITER = str(Path(sys.executable).with_name("arbiter"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run(args: list[str], env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess[str]:

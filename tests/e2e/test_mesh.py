@@ -20,8 +20,8 @@ from app.db.models import Project, UsageRecord
 from app.db.session import Database
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.e2e.conftest import ARBITER, environment, free_port, run, wait_ready
-from tests.support import decision, wait_for
+from tests.e2e.conftest import ARBITER, environment, run, wait_ready
+from tests.support import decision, free_port, wait_for
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("ARBITER_TEST_DATABASE_URL")),

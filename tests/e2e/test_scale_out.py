@@ -25,8 +25,8 @@ from app.tenancy.keys import KeyHasher
 from app.tenancy.service import CLI
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.e2e.conftest import ARBITER, environment, free_port, wait_ready
-from tests.support import redis_url
+from tests.e2e.conftest import ARBITER, environment, wait_ready
+from tests.support import free_port, redis_url
 
 REDIS = redis_url(1)
 BODY = {"model": "nimble", "state": "s", "questions": {"q": {"type": "noul"}}}

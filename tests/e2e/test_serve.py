@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import ARBITER, environment, free_port, run, wait_ready
+from tests.e2e.conftest import ARBITER, environment, run, wait_ready
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,8 @@ import httpx
 from sqlalchemy import create_engine, func, select
 
 from app.db.models import UsageRecord
-from tests.e2e.conftest import ARBITER, environment, free_port, run, wait_ready
+from tests.e2e.conftest import ARBITER, environment, run, wait_ready
+from tests.support import free_port
 
 N = 120
 

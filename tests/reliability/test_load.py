@@ -15,7 +15,8 @@ import pytest
 
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.e2e.conftest import ARBITER, environment, free_port, run, wait_ready
+from tests.e2e.conftest import ARBITER, environment, run, wait_ready
+from tests.support import free_port
 
 BODY = {"model": "nimble", "state": "s", "questions": {"q": {"type": "noul"}}}
 CONNECTIONS = 1000

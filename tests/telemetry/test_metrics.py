@@ -15,8 +15,7 @@ from app.settings import Settings
 from app.tenancy.service import CLI
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.e2e.conftest import free_port
-from tests.support import Stack, assert_error, decision
+from tests.support import Stack, assert_error, decision, free_port
 from tests.ui.conftest import ui_sign_in
 
 
