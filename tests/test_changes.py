@@ -24,16 +24,20 @@ async def settled(check: Callable[[], Any], timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+def need_redis() -> None:
+    try:
+        redis.Redis.from_url(REDIS, socket_timeout=1).ping()
+    except redis.RedisError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+
+
 async def subscribers(client: Any, channel: str) -> int:
     """How many subscriptions to ``channel`` the Redis server has."""
     return int(dict(await client.pubsub_numsub(channel)).get(channel.encode(), 0))
 
 
 def test_a_failing_handler_does_not_stop_the_listener() -> None:
-    try:
-        redis.Redis.from_url(REDIS, socket_timeout=1).ping()
-    except redis.RedisError:
-        pytest.skip("no Redis at 127.0.0.1:6379")
+    need_redis()
 
     async def scenario() -> list[str]:
         seen: list[str] = []
@@ -65,10 +69,7 @@ def test_deployments_on_other_redis_databases_are_not_heard() -> None:
     """Pub/sub ignores database numbers; the channel does not: a deployment on database N hears only
     publishers on database N, even with another one on the same server."""
     other = REDIS.rsplit("/", 1)[0] + f"/{int(REDIS.rsplit('/', 1)[1]) + 1}"
-    try:
-        redis.Redis.from_url(REDIS, socket_timeout=1).ping()
-    except redis.RedisError:
-        pytest.skip("no Redis at 127.0.0.1:6379")
+    need_redis()
 
     async def scenario() -> tuple[list[str], str, str]:
         seen: list[str] = []
@@ -101,10 +102,7 @@ def redis_behind_a_proxy() -> tuple[Any, str]:
     """A TCP proxy in front of the test Redis (to cut it), and the Redis database number."""
     from tests.reliability.proxy import TcpProxy
 
-    try:
-        redis.Redis.from_url(REDIS, socket_timeout=1).ping()
-    except redis.RedisError:
-        pytest.skip("no Redis at 127.0.0.1:6379")
+    need_redis()
     host_port, db = REDIS.split("//", 1)[1].rsplit("/", 1)
     return TcpProxy(host_port.split(":")[0], int(host_port.split(":")[1])).up(), db
 
@@ -113,10 +111,7 @@ def test_changes_made_before_the_first_subscription_are_caught_up() -> None:
     """A replica loads keys and models at start-up, then subscribes: a change published between the
     two is gone by the time the subscription takes, so the first subscription applies every kind
     once, with no message at all."""
-    try:
-        redis.Redis.from_url(REDIS, socket_timeout=1).ping()
-    except redis.RedisError:
-        pytest.skip("no Redis at 127.0.0.1:6379")
+    need_redis()
 
     async def scenario() -> list[str]:
         seen: list[str] = []
