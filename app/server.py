@@ -111,6 +111,9 @@ class _CoalescingTransport:
 MAX_HEAD_BYTES = 64 * 1024
 
 
+_HEAD_OVER = f"the request's header section is over the {MAX_HEAD_BYTES}-byte limit"
+
+
 class _HeadRefused(Exception):
     """Raised from a parser callback to stop parsing a request that has been answered."""
 
@@ -122,9 +125,10 @@ class HttpProtocol(HttpToolsProtocol):
 
     - The header section: httptools buffers a header line until it ends, however long, so one
       connection sending an endless header would grow the process without bound. Bytes are
-      counted from the chunks that arrive while a request's head is incomplete, and a head is
-      measured again once whole (one that came in a single read was not counted); past
-      ``MAX_HEAD_BYTES``: 431, and the connection closes.
+      counted as they arrive while a request's head is incomplete, up to its end within a read;
+      a head that begins inside a read (after a pipelined request) is measured from what the
+      parser kept once it is whole. Past ``MAX_HEAD_BYTES``: 431, and the connection closes,
+      after the answers to the requests before it on the connection.
     - Time: a request must arrive whole (head and body) within ``client_timeout`` seconds of its
       first byte, or it is answered 408 and the connection closes; a client trickling a byte now
       and then (slowloris) would otherwise hold a connection, and a body's memory, for ever.
@@ -142,34 +146,47 @@ class HttpProtocol(HttpToolsProtocol):
         self.transport = _CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
         self._head_open = True
         self._head_bytes = 0
+        self._tail = b""  # the last bytes of the open head's previous read (a CRLFCRLF may straddle)
         self._heads = 0  # heads completed on this connection
+        self._refusal: ArbiterError | None = None  # sent once the answers before it are out
         self.request_started: float | None = None  # loop time of the first byte of the request arriving
         if not getattr(self.server_state, "arbiter_sweeping", False):
             self.server_state.arbiter_sweeping = True  # type: ignore[attr-defined]
             self.loop.call_later(1.0, _sweep, self.loop, self.connections)
 
     def data_received(self, data: bytes) -> None:
+        if self._refusal is not None:
+            return  # a refused request: nothing after it is read; the connection ends once it is answered
         if self.request_started is None:
             self.request_started = self.loop.time()
         counted = self._head_open
+        if counted and self._head_bytes + len(data) > MAX_HEAD_BYTES and not self._head_ends_in_time(data):
+            self._refuse_next(HeadersTooLarge(_HEAD_OVER))
+            return  # not parsed: the head is over the cap wherever it ends
         heads = self._heads
         super().data_received(data)
         if counted and self._heads == heads:  # the head that was open is open still
             self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
-                self._refuse(HeadersTooLarge(f"the request's header section is over the "
-                                             f"{MAX_HEAD_BYTES}-byte limit"))
+            self._tail = data[-3:]
+
+    def _head_ends_in_time(self, data: bytes) -> bool:
+        """Whether the head open at the start of ``data`` ends (CRLFCRLF: httptools takes no bare
+        LF) within the cap. Counted in bytes as they came: whitespace the parser drops counts."""
+        window = self._tail + data[: MAX_HEAD_BYTES - self._head_bytes]
+        return window.find(b"\r\n\r\n") >= 0
 
     def on_headers_complete(self) -> None:
         self._head_open = False
         self._head_bytes = 0
+        self._tail = b""
         self._heads += 1
-        # A head that arrived in one or two reads was not counted as it came: its size, exactly.
+        # A head that began inside a read (after the request before it, pipelined) was not counted
+        # as it came: its size from what the parser kept (whitespace around values left out).
         size = len(self.url)
         for name, value in self.headers:
             size += len(name) + len(value) + 4  # ": " and CRLF
         if size > MAX_HEAD_BYTES:
-            self._refuse(HeadersTooLarge(f"the request's header section is over the {MAX_HEAD_BYTES}-byte limit"))
+            self._refuse_next(HeadersTooLarge(_HEAD_OVER))
             raise _HeadRefused  # stops the parser here: the body is never read
         super().on_headers_complete()
 
@@ -180,7 +197,7 @@ class HttpProtocol(HttpToolsProtocol):
 
     def time_out(self) -> None:
         """The request did not arrive whole in time: 408 unless its answer has begun, then close."""
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._refusal is not None:
             return
         answering = not self._head_open and self.cycle is not None and self.cycle.response_started
         if answering:  # the route answered before the body was whole (a 413, say): just close
@@ -189,18 +206,30 @@ class HttpProtocol(HttpToolsProtocol):
         self._refuse(RequestTimeout(f"the request did not arrive whole within {self.client_timeout:g}s"))
 
     def send_400_response(self, msg: str) -> None:
-        if self.transport.is_closing():  # already answered (a head over the cap stopped the parser)
+        if self.transport.is_closing() or self._refusal is not None:  # already refused (a head over the cap)
             return
         # uvicorn's answer to a request it cannot parse (a malformed request line, a
         # Content-Length that is not a number, ...), in the shape every client of Arbiter reads.
         self._refuse(InvalidRequest(f"invalid HTTP request: {msg}"))
 
-    def _refuse(self, error: ArbiterError) -> None:
+    def _refuse_next(self, error: ArbiterError) -> None:
+        """Refuse the request now arriving, whose path is not known: at once, or, when requests
+        before it on this connection (pipelined) are not answered yet, after their answers, which
+        the client reads in order (a 431 read as the answer to a request that was served would
+        have the client send it again)."""
+        if self._refusal is not None or self.transport.is_closing():
+            return
+        if (self.cycle is not None and not self.cycle.response_complete) or self.pipeline:
+            self._refusal = error
+        else:
+            self._refuse(error, known_path=False)
+
+    def _refuse(self, error: ArbiterError, *, known_path: bool = True) -> None:
         # Once the request's head is whole its path is known, and /v1/decisions answers every
         # error in OpenAI's shape; before that (a head over the cap, a malformed request line)
         # the endpoint is unknown, and the answer is in Arbiter's.
         scope: Any = self.scope
-        path = scope.get("path") if scope is not None else None
+        path = scope.get("path") if scope is not None and known_path else None
         body = openai_errors.from_arbiter(error) if path == OPENAI_DECISIONS_PATH else error.body()
         head = [b"HTTP/1.1 %d %s\r\n" % (error.status, HTTPStatus(error.status).phrase.encode())]
         head.extend(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers)
@@ -213,6 +242,10 @@ class HttpProtocol(HttpToolsProtocol):
         # The answer is whole: it goes out now, not after what the route does once it has
         # answered (metrics, the usage record, the access line), which is off the client's clock.
         self.transport._flush()  # type: ignore[attr-defined]
+        if self._refusal is not None and not self.pipeline:  # every request before the refused one answered
+            self.server_state.total_requests += 1
+            self._refuse(self._refusal, known_path=False)
+            return
         super().on_response_complete()
 
 

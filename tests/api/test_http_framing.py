@@ -69,6 +69,29 @@ def test_a_whole_header_section_over_the_cap_is_431_however_it_arrives(stack: St
         assert client.post("/v1/systemone", json=decision()).status_code == 200
 
 
+def test_whitespace_in_a_header_section_counts_toward_the_cap(stack: Stack) -> None:
+    # The parser drops the whitespace before a value: the cap counts the bytes that came.
+    raw = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: " + b" " * (MAX_HEAD_BYTES + 1000) + b"v\r\n\r\n"
+    status, headers, _ = split(exchange(stack, raw, chunk=len(raw)))
+    assert status == 431 and headers["connection"] == "close"
+
+
+def test_a_head_over_the_cap_after_a_pipelined_request_is_refused_after_its_answer(stack: Stack) -> None:
+    """The client reads answers in order: the request before the refused one gets its own answer
+    first (it was served and billed), then the 431."""
+    body = json.dumps(decision()).encode()
+    first = (b"POST /v1/systemone HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + stack.project_key.encode()
+             + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    second = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES + 6000) + b"\r\n\r\n"
+    answer = exchange(stack, first + second, chunk=len(first + second))
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    assert json.loads(rest[:length])["model"] == "nimble"
+    status, headers, _ = split(rest[length:])
+    assert status == 431 and headers["connection"] == "close"
+
+
 def test_headers_under_the_cap_and_a_large_body_are_served(stack: Stack) -> None:
     # Many headers adding up to just under the cap, then a body in the same chunks: not a head over it.
     body = json.dumps(decision(state={"note": "x" * 60_000})).encode()
