@@ -139,13 +139,18 @@ async def detail_page(request: Request, project_id: int, done: str = "") -> Resp
 
 async def _shown_next(request: Request, admin: Admin, project_id: int, new_key: dict[str, Any],
                       done: str) -> Response:
-    """Keep a new key for the project page's one display, and redirect there."""
-    carried = await ui_state(request).new_keys.put(admin.session, project_id, new_key)
+    """Keep a new key for the project page's one display (what the page shows of it, no more:
+    the browser may carry it in a cookie, which must stay small), and redirect there."""
+    shown = {field: new_key[field] for field in _SHOWN if new_key.get(field) is not None}
+    carried = await ui_state(request).new_keys.put(admin.session, project_id, shown)
     response = redirect(f"{_page(project_id)}?done={done}")
     if carried is not None:  # no Redis: the browser carries it, sealed, to whichever replica serves the page
         response.set_cookie(SHELF_COOKIE, carried, max_age=SHELF_SECONDS, path=_page(project_id), httponly=True,
                             samesite="strict", secure=request.url.scheme == "https")
     return response
+
+
+_SHOWN = ("key", "name", "replaces", "old_until")  # what project.html shows of a new key
 
 
 def _page(project_id: int) -> str:

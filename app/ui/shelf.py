@@ -55,7 +55,8 @@ class KeyShelf:
                 except (RedisError, OSError, TimeoutError) as exc:  # Redis away: the browser carries it
                     log.warning("web UI: cannot keep a new key in Redis (%s); sent in a sealed cookie",
                                 type(exc).__name__)
-            return self._fernet.encrypt(json.dumps({"slot": slot, "view": view}).encode()).decode()
+            carried = json.dumps({"slot": slot, "view": view}, ensure_ascii=False, separators=(",", ":"))
+            return self._fernet.encrypt(carried.encode()).decode()
         now = time.monotonic()
         with self._lock:
             for old in [k for k, (until, _) in self._memory.items() if until <= now]:

@@ -66,3 +66,13 @@ def test_with_a_secret_and_no_redis_the_browser_carries_it_sealed() -> None:
         assert await foreign.take(MINE, 3, carried) is None and await two.take(MINE, 3, "forged") is None
         assert await KeyShelf().put(MINE, 3, VIEW) is None  # no secret: one process, its memory
     run(walk())
+
+
+def test_a_carried_key_stays_well_under_a_browsers_cookie_limit() -> None:
+    async def walk() -> None:
+        view = {"key": "arb_proj_" + "x" * 43, "name": "\U0001F511" * 200, "replaces": "arb_proj_ab…wxyz",
+                "old_until": "2026-12-01T10:00:00+00:00"}
+        carried = await KeyShelf(None, "s" * 32).put(MINE, 3, view)
+        assert carried is not None and len("arbiter_new_key=" + carried) < 3000  # browsers drop a cookie over 4,096
+        assert await KeyShelf(None, "s" * 32).take(MINE, 3, carried) == view
+    run(walk())
