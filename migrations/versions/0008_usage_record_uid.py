@@ -35,6 +35,7 @@ def upgrade() -> None:
             op.execute(f'DROP INDEX CONCURRENTLY IF EXISTS {INDEX}')
             op.execute('SET statement_timeout = 0')
             _build()
+            op.execute('RESET statement_timeout')
             return
         bind = op.get_bind()
         valid = bind.execute(sa.text(
