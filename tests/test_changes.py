@@ -31,6 +31,15 @@ def need_redis() -> None:
         pytest.skip("no Redis at 127.0.0.1:6379")
 
 
+async def quiet_then_stop(listening: asyncio.Task[None], *clients: Any) -> None:
+    """Let a moment pass (nothing more may be applied), then stop the listener and close its clients."""
+    await asyncio.sleep(0.1)
+    listening.cancel()
+    await asyncio.gather(listening, return_exceptions=True)
+    for client in clients:
+        await client.aclose()
+
+
 async def subscribers(client: Any, channel: str) -> int:
     """How many subscriptions to ``channel`` the Redis server has."""
     return int(dict(await client.pubsub_numsub(channel)).get(channel.encode(), 0))
@@ -55,11 +64,7 @@ def test_a_failing_handler_does_not_stop_the_listener() -> None:
         for expected in (2, 3, 4):
             await sender.publish("keys")
             await settled(lambda: len(seen) == expected)  # noqa: B023 - called before the next round
-        await asyncio.sleep(0.1)  # and nothing more
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await listener_client.aclose()
-        await sender_client.aclose()
+        await quiet_then_stop(task, listener_client, sender_client)
         return seen
 
     assert asyncio.run(scenario()) == ["keys", "keys", "keys", "keys"]  # the catch-up, then three changes
@@ -86,11 +91,7 @@ def test_deployments_on_other_redis_databases_are_not_heard() -> None:
         await elsewhere.publish("models")
         await same.publish("models")  # after the other: had that one been heard, it came first
         await settled(lambda: bool(seen))
-        await asyncio.sleep(0.1)  # and nothing more
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        for client in clients:
-            await client.aclose()
+        await quiet_then_stop(task, *clients)
         return seen, listener.channel, elsewhere.channel
 
     seen, mine, theirs = asyncio.run(scenario())
@@ -125,10 +126,7 @@ def test_changes_made_before_the_first_subscription_are_caught_up() -> None:
 
         task = asyncio.create_task(ChangeBus(client).listen({"keys": keys, "models": models}))
         await settled(lambda: len(seen) >= 2)
-        await asyncio.sleep(0.1)  # and nothing more
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await client.aclose()
+        await quiet_then_stop(task, client)
         return seen
 
     assert asyncio.run(scenario()) == ["keys", "models"]
@@ -163,11 +161,7 @@ def test_changes_missed_while_redis_was_away_are_caught_up_on_reconnecting() -> 
         await sender.publish("keys")  # missed: nobody is subscribed through the proxy
         proxy.up()
         await settled(lambda: len(seen) >= 2, timeout=20)  # its back-off may have grown to a few seconds
-        await asyncio.sleep(0.1)  # and nothing more
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        await listener_client.aclose()
-        await sender_client.aclose()
+        await quiet_then_stop(task, listener_client, sender_client)
         return seen
 
     try:
