@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
+import ssl
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -104,7 +106,7 @@ class HttpBackendBase:
 
     async def _admin_exchange(self, method: str, url: str, payload: dict[str, Any] | None) -> httpx.Response:
         timeout = httpx.Timeout(self._admin_timeout, connect=min(self._connect_timeout, self._admin_timeout))
-        async with asyncio.timeout(self._admin_timeout), httpx.AsyncClient(timeout=timeout) as client:
+        async with asyncio.timeout(self._admin_timeout), httpx.AsyncClient(timeout=timeout, verify=admin_tls()) as client:
             return await client.request(method, url, json=payload, headers=self._admin_headers())
 
     # -- forwarding (async, aiohttp) -----------------------------------------------
@@ -174,6 +176,16 @@ class HttpBackendBase:
         if self._pool is not None:
             self._pool.close()
         self._pool = None
+
+
+@functools.cache
+def admin_tls() -> ssl.SSLContext:
+    """The TLS context of admin calls, made once: httpx makes a new one for every client, and
+    loading the system's certificates into it costs ~20 ms of CPU, more than the call itself
+    (a service sync makes several calls; so does every admin action that reaches a backend).
+    httpx's own default (certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR when set). A context
+    is shared safely between threads once made; nothing changes it after."""
+    return httpx.create_ssl_context()
 
 
 def _run(call: Coroutine[Any, Any, T]) -> T:

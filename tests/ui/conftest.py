@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+from infra_adapters.http import admin_tls
+
 CHROMIUM = Path("/usr/bin/chromium")
 DOCS_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "ui"
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -29,7 +31,7 @@ def csrf_of(html: str) -> str:
 
 def ui_sign_in(base_url: str, key: str) -> httpx.Client:
     """An httpx client signed in to the UI (it keeps the session cookie)."""
-    client = httpx.Client(base_url=base_url, timeout=30)
+    client = httpx.Client(base_url=base_url, timeout=30, verify=admin_tls())
     form = client.get("/ui/sign-in")
     answer = client.post("/ui/sign-in", data={"csrf": csrf_of(form.text), "key": key})
     assert answer.status_code == 303 and answer.headers["location"] == "/ui/services", answer.text

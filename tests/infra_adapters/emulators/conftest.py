@@ -16,6 +16,7 @@ from infra_adapters.emulators.ollama import (
 )
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState, default_vllm_models, make_vllm_app
+from infra_adapters.http import admin_tls
 
 TIMEOUT = httpx.Timeout(3.0)
 
@@ -84,7 +85,7 @@ def vllm(vllm_server: tuple[VllmState, EmulatorServer]) -> Iterator[VllmState]:
 def ollama_client(
     ollama: OllamaState, ollama_server: tuple[OllamaState, EmulatorServer]
 ) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=ollama_server[1].url, timeout=TIMEOUT) as client:
+    with httpx.Client(base_url=ollama_server[1].url, timeout=TIMEOUT, verify=admin_tls()) as client:
         yield client
 
 
@@ -92,7 +93,7 @@ def ollama_client(
 def vllm_client(
     vllm: VllmState, vllm_server: tuple[VllmState, EmulatorServer]
 ) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=vllm_server[1].url, timeout=TIMEOUT) as client:
+    with httpx.Client(base_url=vllm_server[1].url, timeout=TIMEOUT, verify=admin_tls()) as client:
         yield client
 
 
