@@ -171,7 +171,7 @@ def test_sign_out_clears_the_cookie(stack: Stack) -> None:
 
 
 def test_sessions_span_replicas_with_a_secret_key_and_last_ui_session_minutes(
-        gateway_factory: Callable[..., Gateway], stack: Stack) -> None:
+        stack: Stack, gateway_factory: Callable[..., Gateway]) -> None:  # stack first: its backend stops last
     """With ARBITER_SECRET_KEY another process (a replica, a restart) accepts the session, and
     ARBITER_UI_SESSION_MINUTES sets how long it lasts; without the secret, each process signs
     with its own random one."""
@@ -196,7 +196,7 @@ def test_sessions_span_replicas_with_a_secret_key_and_last_ui_session_minutes(
 
 
 def test_the_cookie_is_secure_behind_a_trusted_https_proxy_only(
-        gateway_factory: Callable[..., Gateway], stack: Stack) -> None:
+        stack: Stack, gateway_factory: Callable[..., Gateway]) -> None:  # stack first: its backend stops last
     """X-Forwarded-Proto counts from ARBITER_FORWARDED_ALLOW_IPS (loopback by default), never from anyone."""
     untrusting = gateway_factory(forwarded_allow_ips="10.9.9.9")
     for gateway, trusted in ((stack.gateway, True), (untrusting, False)):
