@@ -105,6 +105,7 @@ class Components:
 
     async def stop(self) -> None:
         """Each step on its own: one failing (the database away) must not skip the others."""
+        self.sync.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -114,6 +115,8 @@ class Components:
         steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
             ("mesh", self.mesh.stop),
             ("installs", self.installer.aclose),
+            # A sync under way reads one more service at most (admin timeout), then the lease goes.
+            ("sync", lambda: asyncio.to_thread(self.sync.wait_idle, self.settings.backend_admin_timeout + 1.0)),
             ("sync lease", lambda: asyncio.to_thread(self.sync.release)),
             ("key touches", self.touches.flush),
             ("usage", self.ledger.close),

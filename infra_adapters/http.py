@@ -183,8 +183,9 @@ def admin_tls() -> ssl.SSLContext:
     """The TLS context of admin calls, made once: httpx makes a new one for every client, and
     loading the system's certificates into it costs ~20 ms of CPU, more than the call itself
     (a service sync makes several calls; so does every admin action that reaches a backend).
-    httpx's own default (certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR when set). A context
-    is shared safely between threads once made; nothing changes it after."""
+    httpx's own default (certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR when set, read once).
+    A context is safe to share between threads and clients; httpcore sets the same ALPN list
+    (HTTP/1.1) on it at every https connection, so no HTTP/2 client may share it."""
     return httpx.create_ssl_context()
 
 

@@ -161,7 +161,8 @@ class Gateway:
         self.app = create_app(settings, tracer_provider=tracer_provider)
         config = uvicorn.Config(self.app, lifespan="on", log_level="warning", access_log=False,
                                 loop="asyncio", http=HttpProtocol.configured(settings),  # as `arbiter serve`
-                                proxy_headers=False)  # as there: the app applies them (app/main.py)
+                                proxy_headers=False,  # as there: the app applies them (app/main.py)
+                                timeout_graceful_shutdown=5)  # well inside stop()'s 15 s
         self._server = _PromptServer(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
                                         daemon=True)
@@ -179,6 +180,8 @@ class Gateway:
         self._server.stop()
         self._thread.join(timeout=15)
         self._socket.close()
+        if self._thread.is_alive():  # it would go on into the next test, with its database
+            raise RuntimeError(f"Arbiter on {self.url} did not stop within 15 s")
 
     def client(self, key: str | None = None, **kwargs: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}

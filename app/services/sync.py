@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -158,18 +159,38 @@ class SyncLoop:
         self._settings = settings
         self._on_change = on_change
         self.runs = 0  # syncs this process ran (the lease makes other replicas skip theirs)
+        # A sync runs in a worker thread, which cancelling its task does not stop: at shutdown it
+        # is told to stop (before its next service, not after every service's admin timeout), and
+        # waited for (it writes to the database, which closes next).
+        self._stopping = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
 
     def sync_all(self) -> None:
-        with self._database.session() as session:
-            ids = list(session.scalars(select(Service.id)))
-        for service_id in ids:
-            try:
-                with self._database.session() as session:
-                    service = session.get(Service, service_id)
-                    if service is not None:
-                        sync_service(session, self._settings, service)
-            except Exception:  # one broken service must not stop the others' sync
-                log.exception("scheduled sync of service %s failed", service_id)
+        self._idle.clear()
+        try:
+            with self._database.session() as session:
+                ids = list(session.scalars(select(Service.id)))
+            for service_id in ids:
+                if self._stopping.is_set():
+                    return  # shutting down: the next start reads every service again
+                try:
+                    with self._database.session() as session:
+                        service = session.get(Service, service_id)
+                        if service is not None:
+                            sync_service(session, self._settings, service)
+                except Exception:  # one broken service must not stop the others' sync
+                    log.exception("scheduled sync of service %s failed", service_id)
+        finally:
+            self._idle.set()
+
+    def stop(self) -> None:
+        """No service is read after this; one being read goes on until it answers or times out."""
+        self._stopping.set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Until no sync runs (at most ``timeout`` seconds): whether none does."""
+        return self._idle.wait(timeout)
 
     async def run(self, interval: float) -> None:
         """Sync at start-up, whoever holds the ``service-sync`` lease (SPEC §4: the version is read

@@ -188,8 +188,8 @@ def test_server_made_errors_on_v1_decisions_are_in_openais_shape_once_the_path_i
     assert status == 431 and json.loads(body)["detail"]["error_type"] == "request_too_large"
 
 
-def test_a_slow_client_within_the_time_is_served(gateway_factory: Any, db: Any,
-                                                 ollama: tuple[Any, Any]) -> None:
+def test_a_slow_client_within_the_time_is_served(db: Any, ollama: tuple[Any, Any],
+                                                 gateway_factory: Any) -> None:  # the backend stops last
     server, _state = ollama
     stack = Stack.provision(db, ollama_url=server.url)
     gateway = gateway_factory(client_timeout=3)

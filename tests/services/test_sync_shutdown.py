@@ -1,0 +1,58 @@
+"""A gateway stopping while its start-up sync waits on backends that never answer."""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from app.db.models import Service
+from app.db.session import Database
+from app.services import service as services
+from app.settings import Settings
+from app.tenancy.service import CLI
+from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
+from infra_adapters.emulators.server import EmulatorServer
+from tests.support import Gateway, wait_for
+
+
+@pytest.fixture
+def silent_services(db: Database) -> Iterator[list[socket.socket]]:
+    """Three Ollama services, added while they answered, whose ports now accept connections
+    (the kernel's backlog) and never answer."""
+    listeners: list[socket.socket] = []
+    for n in range(3):
+        with EmulatorServer(make_ollama_app(OllamaState())) as server:
+            with db.session() as session:
+                services.add_service(session, Settings(database_url=db.url), CLI, type="ollama-external",
+                                     url=server.url, name=f"silent-{n}")
+            port = server.port
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(16)
+        listeners.append(listener)
+    yield listeners
+    for listener in listeners:
+        listener.close()
+
+
+def test_a_stop_waits_for_one_admin_call_not_one_per_service(
+        db: Database, silent_services: list[socket.socket], gateway_factory: Callable[..., Gateway]) -> None:
+    gateway = gateway_factory(backend_admin_timeout=1.0)
+    # The start-up sync is waiting on the first service: its connection is in the backlog.
+    wait_for(lambda: select.select([silent_services[0]], [], [], 0)[0])
+    started = time.monotonic()
+    gateway.stop()
+    took = time.monotonic() - started
+    # Before: the sync went on to the next service, and the next, one admin timeout each (3 s).
+    assert took < 2.5, took
+    # The others were never called; the one under way was waited for, and its time-out written
+    # down before the gateway closed its database.
+    assert [bool(select.select([listener], [], [], 0)[0]) for listener in silent_services] == [True, False, False]
+    with db.session() as session:
+        errors = {s.name: s.last_error for s in session.query(Service)}
+    assert "did not answer within 1s" in (errors["silent-0"] or ""), errors
