@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
+import weakref
 from types import TracebackType
 from typing import Self
 
@@ -37,6 +39,7 @@ class EmulatorServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
+        self._accepted: weakref.WeakSet[socket.socket] = weakref.WeakSet()  # see _Listener
         self._lock = threading.Lock()
 
     # -- properties ---------------------------------------------------------
@@ -74,7 +77,8 @@ class EmulatorServer:
                 )
                 await runner.setup()
                 try:
-                    site = web.TCPSite(runner, self.host, self._port, reuse_address=True)
+                    listener = _Listener.bound(self.host, self._port, self._accepted)
+                    site = web.SockSite(runner, listener)
                     await site.start()
                 except BaseException:
                     await runner.cleanup()
@@ -125,6 +129,8 @@ class EmulatorServer:
             if not loop.is_closed():
                 loop.call_soon_threadsafe(loop.stop)
             thread.join(5.0)
+            for connection in list(self._accepted):  # what the loop's close left open
+                connection.close()
 
     def __enter__(self) -> Self:
         return self.start()
@@ -140,6 +146,29 @@ class EmulatorServer:
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"<EmulatorServer {self.url} {state}>"
+
+
+class _Listener(socket.socket):
+    """The listening socket, keeping (weakly) every connection it accepts. A connection accepted
+    as the server stops can have its transport made after aiohttp's cleanup closed the ones it
+    knew, and closing a loop closes no socket: its client would wait out its whole timeout on it.
+    ``stop`` closes whatever is still open once the loop is gone."""
+
+    _accepted: weakref.WeakSet[socket.socket]
+
+    @classmethod
+    def bound(cls, host: str, port: int, accepted: weakref.WeakSet[socket.socket]) -> _Listener:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        listener = cls(family, kind, proto)
+        listener._accepted = accepted
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        return listener
+
+    def accept(self) -> tuple[socket.socket, object]:
+        connection, address = super().accept()
+        self._accepted.add(connection)
+        return connection, address
 
 
 def _detach_loop(app: web.Application) -> None:
