@@ -20,7 +20,7 @@ from app.settings import sqlalchemy_url
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState, make_vllm_app
-from tests.support import Gateway, Stack, start_gateway
+from tests.support import Gateway, Stack, start_gateway, synced
 
 # Service credentials are stored encrypted; every Settings() in the tests can open them.
 os.environ.setdefault("ARBITER_SECRET_KEY", "test-secret-key-for-service-credentials")
@@ -98,7 +98,7 @@ def stack(db: Database, ollama: tuple[EmulatorServer, OllamaState],
     """Arbiter in front of an emulated Ollama, with a project 'acme' (all models) and its key."""
     server, state = ollama
     built = Stack.provision(db, ollama_url=server.url)
-    built.gateway = gateway_factory()
+    built.gateway = synced(gateway_factory())
     built.ollama, built.ollama_state = server, state
     return built
 
@@ -110,6 +110,6 @@ def vllm_stack(db: Database, vllm: tuple[EmulatorServer, VllmState],
     project 'acme' (all models) and its key."""
     server, state = vllm
     built = Stack.provision(db, vllm_url=server.url)
-    built.gateway = gateway_factory()
+    built.gateway = synced(gateway_factory())
     built.extra.update(server=server, state=state)
     return built

@@ -9,8 +9,10 @@ import itertools
 import os
 import random
 import socket
+import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,7 +164,7 @@ class Gateway:
         config = uvicorn.Config(self.app, lifespan="on", log_level="warning", access_log=False,
                                 loop="asyncio", http=HttpProtocol.configured(settings),  # as `arbiter serve`
                                 proxy_headers=False,  # as there: the app applies them (app/main.py)
-                                timeout_graceful_shutdown=5)  # well inside stop()'s 15 s
+                                timeout_graceful_shutdown=5)  # well inside stop()'s 30 s
         self._server = _PromptServer(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
                                         daemon=True)
@@ -178,15 +180,30 @@ class Gateway:
 
     def stop(self) -> None:
         self._server.stop()
-        self._thread.join(timeout=15)
+        # Its graceful shutdown (5 s, above), then its lifespan's: a service sync under way ends
+        # its backend call first (the admin timeout, 10 s by default).
+        self._thread.join(timeout=30)
         self._socket.close()
         if self._thread.is_alive():  # it would go on into the next test, with its database
-            raise RuntimeError(f"Arbiter on {self.url} did not stop within 15 s")
+            frame = sys._current_frames().get(self._thread.ident or 0)
+            where = "".join(traceback.format_stack(frame)) if frame is not None else "?"
+            loop = self._server._loop
+            for task in list(asyncio.all_tasks(loop)) if loop is not None else []:  # what it awaits
+                where += f"\n{task.get_name()}: " + "".join(traceback.format_list(
+                    traceback.extract_stack(task.get_stack()[-1]) if task.get_stack() else []))
+            raise RuntimeError(f"Arbiter on {self.url} did not stop within 30 s; its thread is at:\n{where}")
 
     def client(self, key: str | None = None, **kwargs: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         kwargs.setdefault("verify", admin_tls())  # one TLS context: httpx makes one per client, at ~20 ms each
         return httpx.Client(base_url=self.url, headers=headers, timeout=kwargs.pop("timeout", 30), **kwargs)
+
+
+def synced(gateway: Gateway) -> Gateway:
+    """``gateway`` once its start-up sync has read every service: a test that changes a backend
+    (its models, a fault, a stop) then does not race that read."""
+    wait_for(lambda: gateway.app.components.sync.runs >= 1)
+    return gateway
 
 
 def start_gateway(database_url: str, tracer_provider: Any = None, **overrides: Any) -> Gateway:

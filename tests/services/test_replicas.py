@@ -15,7 +15,7 @@ from app.settings import Settings
 from app.tenancy.service import CLI
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import Gateway, Stack, assert_error, decision, wait_for
+from tests.support import Gateway, Stack, assert_error, decision, synced
 
 
 @pytest.fixture
@@ -26,10 +26,7 @@ def two_replicas(db: Database, gateway_factory: Callable[..., Gateway]) -> Itera
     with db.session() as session:
         services.add_service(session, Settings(database_url=db.url), CLI, type="ollama-external",
                              url=servers[1].url, name="ollama-2")
-    built.gateway = gateway_factory(replica_backoff=30)
-    # The start-up sync reads both backends: done before a test stops one (a call caught by an
-    # emulator's stop can hang until the admin timeout, and the gateway's stop waits for it).
-    wait_for(lambda: built.gateway.app.components.sync.runs >= 1)
+    built.gateway = synced(gateway_factory(replica_backoff=30))
     built.extra.update(servers=servers, states=states)
     yield built
     for server in servers:
