@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import itertools
 import os
 import random
@@ -189,8 +190,9 @@ class Gateway:
             where = "".join(traceback.format_stack(frame)) if frame is not None else "?"
             loop = self._server._loop
             for task in list(asyncio.all_tasks(loop)) if loop is not None else []:  # what it awaits
-                where += f"\n{task.get_name()}: " + "".join(traceback.format_list(
-                    traceback.extract_stack(task.get_stack()[-1]) if task.get_stack() else []))
+                stack = io.StringIO()
+                task.print_stack(file=stack)
+                where += "\n" + stack.getvalue()
             raise RuntimeError(f"Arbiter on {self.url} did not stop within 30 s; its thread is at:\n{where}")
 
     def client(self, key: str | None = None, **kwargs: Any) -> httpx.Client:
