@@ -35,6 +35,11 @@ class ChangeBus:
         try:
             await asyncio.wait_for(self._redis.publish(self.channel, f"{kind}:{self.origin}"), timeout=1.0)
         except (RedisError, OSError, TimeoutError) as exc:  # the change is made; others catch up by TTL
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # redis-py can turn a cancellation that reaches it mid-connect into its own
+                # ConnectionError: the caller (a stopping task) must still see it as a cancel.
+                raise asyncio.CancelledError from exc
             log.warning("could not publish a '%s' change: %s", kind, type(exc).__name__)
 
     async def listen(self, handlers: dict[str, Callable[[], Awaitable[None]]]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -34,6 +33,7 @@ from app.tenancy.keycache import KeyCache
 from app.tenancy.limits import LocalStore, RateLimiter, RedisStore
 from app.tenancy.touches import KeyTouches
 
+TASKS_STOP_TIMEOUT = 5.0  # seconds for the background tasks to end once cancelled
 log = logging.getLogger("arbiter")
 T = TypeVar("T")
 
@@ -106,11 +106,21 @@ class Components:
     async def stop(self) -> None:
         """Each step on its own: one failing (the database away) must not skip the others."""
         self.sync.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # A task that swallowed its cancel (a library turning it into an error of its own) goes on
+        # to its next wait, minutes away: a second cancel reaches it there. One that outlives
+        # that is left behind, and the shutdown goes on (the usage records still get written).
+        pending: set[asyncio.Task[None]] = set(self._tasks)
+        for _ in range(2):
+            if not pending:
+                break
+            for task in pending:
+                task.cancel()
+            done, pending = await asyncio.wait(pending, timeout=TASKS_STOP_TIMEOUT)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("background task %s ended with an error", task.get_name(), exc_info=task.exception())
+        for task in pending:
+            log.error("background task %s did not stop when cancelled; shutting down without it", task.get_name())
         self._tasks = []
         steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
             ("mesh", self.mesh.stop),

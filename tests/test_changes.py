@@ -191,3 +191,43 @@ def test_the_first_command_after_a_redis_blip_goes_through() -> None:
         assert asyncio.run(scenario()) == [True, True]
     finally:
         proxy.stop()
+
+
+class _FailingRedis:
+    """A publish that fails (Redis unreachable) when the test says."""
+
+    connection_pool = None
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.outcome: asyncio.Future[None] | None = None
+
+    async def publish(self, channel: str, message: str) -> None:
+        self.outcome = asyncio.get_running_loop().create_future()
+        self.entered.set()
+        await self.outcome
+
+
+def test_a_publish_that_fails_as_its_task_is_cancelled_is_still_a_cancel() -> None:
+    """Python 3.11's wait_for hands back the inner result, here Redis's ConnectionError, when
+    the cancel of the task waiting on it comes as it finishes: the cancel was lost, and the
+    stopping service sync went on to its minutes-long sleep, holding the gateway's shutdown."""
+    async def scenario() -> None:
+        client = _FailingRedis()
+        bus = ChangeBus(client)
+        after: list[str] = []
+
+        async def a_sync_loop() -> None:
+            await bus.publish("models")
+            after.append("went on")
+            await asyncio.sleep(60)
+
+        task = asyncio.ensure_future(a_sync_loop())
+        await client.entered.wait()
+        assert client.outcome is not None
+        client.outcome.set_exception(redis.exceptions.ConnectionError("refused"))
+        task.cancel()  # in the same turn of the loop
+        done, _ = await asyncio.wait([task], timeout=2)
+        assert done and task.cancelled() and after == []
+
+    asyncio.run(scenario())

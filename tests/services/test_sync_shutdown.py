@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import select
 import socket
 import time
@@ -56,3 +57,30 @@ def test_a_stop_waits_for_one_admin_call_not_one_per_service(
     with db.session() as session:
         errors = {s.name: s.last_error for s in session.query(Service)}
     assert "did not answer within 1s" in (errors["silent-0"] or ""), errors
+
+
+def test_a_background_task_that_swallowed_its_cancel_does_not_hold_the_stop(
+        db: Database, gateway_factory: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the service sync did when redis-py turned the cancel of a publish into a ConnectionError:
+    the task went on to its minutes-long sleep, and the gateway's stop waited on it."""
+    monkeypatch.setattr("app.components.TASKS_STOP_TIMEOUT", 0.3)
+    gateway = gateway_factory()
+    components = gateway.app.components
+    loop = components.loop
+    assert loop is not None
+
+    async def swallows_one_cancel() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            pass  # turned into something else, and handled
+        await asyncio.sleep(60)  # its next wait, as the sync loop's interval
+
+    def add() -> None:
+        components._tasks.append(loop.create_task(swallows_one_cancel(), name="swallower"))
+
+    loop.call_soon_threadsafe(add)
+    wait_for(lambda: any(t.get_name() == "swallower" for t in components._tasks))
+    started = time.monotonic()
+    gateway.stop()
+    assert time.monotonic() - started < 5  # not the task's 60 s
