@@ -161,8 +161,12 @@ class _Listener(socket.socket):
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         listener = cls(family, kind, proto)
         listener._accepted = accepted
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(address)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(address)
+        except OSError:  # the port is taken: start() reports it, and no socket is left open
+            listener.close()
+            raise
         return listener
 
     def accept(self) -> tuple[socket.socket, object]:
