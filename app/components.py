@@ -122,6 +122,7 @@ class Components:
         for task in pending:
             log.error("background task %s did not stop when cancelled; shutting down without it", task.get_name())
         self._tasks = []
+        self.observer.drain()  # the last requests' records, before the ledger's last write
         steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
             ("mesh", self.mesh.stop),
             ("installs", self.installer.aclose),

@@ -65,11 +65,13 @@ class Arbiter:
         self.openai_decisions = OpenAIDecisionsRoute(c.keys, openai, c.touches, c.observer, c.tracing, settings,
                                                      c.mesh.auth)
         self.route_templates = RouteTemplates(self.fastapi)
+        self._observer = c.observer
         self._stack: ASGIApp = build_stack(self._route, c.metrics,
                                            frozenset({DECISION_PATH, OPENAI_DECISIONS_PATH, *CHAT_PATHS}),
                                            self.route_templates, c.tracing, settings.max_concurrency)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._observer.soon()  # the last requests' bookkeeping, once this one first waits (observer.py)
         await self._stack(scope, receive, send)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:

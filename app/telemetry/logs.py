@@ -158,7 +158,8 @@ def log_request(record: RequestRecord, state: Any = None) -> None:
     if handler is not None:
         # `arbiter serve`'s own set-up (configure): the line JsonFormatter would write, without
         # a LogRecord and the walk through the logging machinery (about half of its cost).
-        entry = {"time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"), "level": "INFO",
+        at = record.at or dt.datetime.now(dt.UTC)  # when the request ended: its line may be written later
+        entry = {"time": at.isoformat(timespec="milliseconds"), "level": "INFO",
                  "logger": access.name, "message": f"{record.operation} {record.model} {record.status}",
                  **fields}
         handler.append(orjson.dumps(entry, default=str).decode() + handler.terminator)
@@ -167,6 +168,8 @@ def log_request(record: RequestRecord, state: Any = None) -> None:
     # no line shows: the record is made directly and goes through the same handlers and filters.
     line = access.makeRecord(access.name, logging.INFO, __file__, 0, "%s %s %s",
                              (record.operation, record.model, record.status), None, "log_request", fields)
+    if record.at is not None:
+        line.created = record.at.timestamp()
     access.handle(line)
 
 

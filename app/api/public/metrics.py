@@ -28,4 +28,5 @@ async def metrics(c: ComponentsDep, authorization: Annotated[str | None, Header(
             raise AuthenticationFailed("/metrics needs the metrics token (ARBITER_METRICS_TOKEN) as a bearer")
     else:
         await c.keys.authenticate(authorization, "admin")
+    c.observer.drain()  # the requests answered so far, all of them (their bookkeeping can lag a little)
     return Response(generate_latest(c.metrics.registry), media_type=CONTENT_TYPE_LATEST)
