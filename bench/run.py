@@ -740,6 +740,12 @@ def parse_args() -> argparse.Namespace:
                         help="Arbiter's ARBITER_LOG_LEVEL (default WARNING: no access line per request, "
                              "like LiteLLM's lean settings; INFO, Arbiter's own default, writes one JSON "
                              "line per request to its log file)")
+    parser.add_argument("--paired-blocks", type=int, default=None, metavar="N",
+                        help="after the cells, the paired measurement at concurrency 1 (bench/paired.py): "
+                             "N blocks of sequential requests per target, in turn (default 20; 3 with "
+                             "--quick; 0: leave it out)")
+    parser.add_argument("--paired-block-size", type=int, default=None, metavar="N",
+                        help="requests per block of the paired measurement (default 200; 50 with --quick)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the temp dir (database, configs, server logs) and print its path")
     args = parser.parse_args()
@@ -755,6 +761,12 @@ def parse_args() -> argparse.Namespace:
         parser.error("--requests must be at least 1")
     if args.soak is not None and args.soak < 1:
         parser.error("--soak wants a positive number of requests")
+    if args.paired_blocks is None:
+        args.paired_blocks = 3 if args.quick else 20
+    if args.paired_block_size is None:
+        args.paired_block_size = 50 if args.quick else 200
+    if args.paired_blocks < 0 or args.paired_block_size < 1:
+        parser.error("--paired-blocks wants 0 or more, --paired-block-size 1 or more")
     return args
 
 
@@ -764,6 +776,48 @@ def requests_for(args: argparse.Namespace, concurrency: int) -> int:
     if args.quick:
         return 300
     return 3000 if concurrency == 1 else 10000
+
+
+def run_paired(cluster: Cluster, targets: list[str], blocks: int, block_size: int,
+               warmup: int) -> dict[str, Any]:
+    """bench/paired.py over ``targets`` (direct first: the floor), after waiting for a quiet machine."""
+    argv = [sys.executable, str(BENCH / "paired.py"), "--blocks", str(blocks), "--block-size", str(block_size),
+            "--warmup", str(warmup)]
+    for target in targets:
+        url, body, headers, expect = target_request(cluster, target)
+        body_file = cluster.workdir / f"body-{target}.json"
+        body_file.write_bytes(body)
+        argv += ["--target", target, url, str(body_file), expect]
+        for flag, header in zip(headers[::2], headers[1::2], strict=True):
+            assert flag == "--header"
+            argv += ["--header", target, header]
+    wait_quiet(cluster, 300.0)
+    timeout = 120 + blocks * block_size * len(targets) * 0.1  # 100 ms a request: far past LiteLLM's 12
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
+    result: dict[str, Any] = json.loads(done.stdout) if done.stdout.strip() else {
+        "fatal": f"exit {done.returncode}: {done.stderr[-2000:]}"}
+    if "fatal" in result:
+        raise RuntimeError(f"paired measurement: {result['fatal']}")
+    result["blocks"], result["block_size"] = blocks, block_size
+    return result
+
+
+def format_paired(paired: dict[str, Any], targets: list[str]) -> str:
+    """The paired table: each target against the first (direct), overall and block by block."""
+    floor = paired[targets[0]]
+    rows = []
+    for target in targets:
+        row = paired[target]
+        if target == targets[0]:
+            rows.append([target, f"{row['p50']:.3f}", f"{row['p99']:.3f}", "-", "-", "-"])
+            continue
+        per_block = [b - d for b, d in zip(row["block_p50"], floor["block_p50"], strict=True)]
+        rows.append([target, f"{row['p50']:.3f}", f"{row['p99']:.3f}", f"{row['p50'] - floor['p50']:.3f}",
+                     f"{row['p99'] - floor['p99']:.3f}",
+                     f"{median(per_block):.3f} ({min(per_block):.3f} to {max(per_block):.3f})"])
+    columns = [("target", "<"), ("p50 ms", ">"), ("p99 ms", ">"), ("+p50 ms", ">"), ("+p99 ms", ">"),
+               ("+p50 per block: median (range)", ">")]
+    return render(columns, rows)
 
 
 def _interrupt(_signum: int, _frame: Any) -> None:
@@ -850,6 +904,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="arbiter-bench-"))
     cluster = Cluster(workdir, args.arbiter_log_level)
     cells: list[dict[str, Any]] = []
+    paired: dict[str, Any] | None = None
     soak_result: dict[str, Any] | None = None
     failed = False
     try:
@@ -896,6 +951,10 @@ def main() -> int:
             for concurrency, round_, target in plan:
                 cell = measure(cluster, args, target, concurrency, round_, warmup)
                 cells.append(cell)
+            if args.paired_blocks:
+                print(f"paired at concurrency 1: {args.paired_blocks} blocks of {args.paired_block_size} "
+                      f"requests per target, in turn ...", flush=True)
+                paired = run_paired(cluster, targets, args.paired_blocks, args.paired_block_size, warmup)
     except KeyboardInterrupt:
         failed = True
         print("\ninterrupted; stopping the servers", file=sys.stderr)
@@ -961,12 +1020,17 @@ def main() -> int:
                 parts.append("of direct @" + str(max(args.concurrencies)) + ": "
                              + ", ".join(f"{v * 100:.1f}%" for v in row.get("vs_direct_rounds", [])))
                 print(f"  {row['target']}: " + "; ".join(parts))
+        if paired is not None:
+            print(f"\nPaired at concurrency 1 (bench/paired.py): {paired['blocks']} blocks of {paired['block_size']} "
+                  "sequential requests per target, in turn, from one plain-socket client; + is against direct, "
+                  "over all requests and block by block:\n")
+            print(format_paired(paired, targets))
         errors = sum(c["errors"] for c in cells)
         if errors:
             print(f"\nWARNING: {errors} non-200 responses or failures: "
                   f"{ {c['target'] + '@' + str(c['concurrency']): c['error_kinds'] for c in cells if c['errors']} }")
         out = write_results("latest.json", {"meta": meta, "complete": not failed,
-                                            "summary": summary, "cells": cells})
+                                            "summary": summary, "cells": cells, "paired": paired})
         print(f"\nwrote {out.relative_to(ROOT)}")
     return 1 if failed else 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -91,3 +92,42 @@ def test_instructions_counts_a_server_under_callgrind() -> None:
     row = next(line for line in done.stdout.splitlines() if line.startswith("direct "))
     loop = float(row.split()[1])
     assert loop > 50  # the emulator runs well over 50k instructions for a decision
+
+
+def paired(server_url: str, tmp_path: Path, *targets: tuple[str, str, str]) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, str(ROOT / "bench" / "paired.py"), "--blocks", "2", "--block-size", "5", "--warmup", "2"]
+    for name, model, expect in targets:
+        body = tmp_path / f"{name}.json"
+        body.write_bytes(run.request_body(model))
+        argv += ["--target", name, f"{server_url}/v1/systemone", str(body), expect]
+    return subprocess.run(argv, check=False, capture_output=True, text=True, timeout=120)
+
+
+def test_the_paired_client_times_every_target_block_by_block_and_checks_each_answer(
+        ollama: tuple[EmulatorServer, OllamaState], tmp_path: Path) -> None:
+    server, state = ollama
+    before = len(state.requests)
+    done = paired(server.url, tmp_path, ("direct", run.DIRECT_MODEL, run.DIRECT_MODEL),
+                  ("again", run.DIRECT_MODEL, run.DIRECT_MODEL))
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    assert list(result) == ["direct", "again"]
+    for row in result.values():
+        assert row["n"] == 10 and len(row["block_p50"]) == 2
+        assert 0 < row["p50"] <= row["p90"] <= row["p99"]
+    assert len(state.requests) - before == 2 * (2 + 2 * 6)  # per target: warm-up 2, per block 1 untimed + 5
+    text = run.format_paired(result, ["direct", "again"])
+    assert text.splitlines()[2].split()[3:] == ["-", "-", "-"]
+    wrong = paired(server.url, tmp_path, ("direct", run.DIRECT_MODEL, "someone-else"))
+    assert wrong.returncode == 1
+    assert "model is 'nimble:latest', expected 'someone-else'" in json.loads(wrong.stdout)["fatal"]
+    unknown = paired(server.url, tmp_path, ("direct", "no-such-model", "no-such-model"))
+    assert unknown.returncode == 1 and "answered 'HTTP/1.1 404" in json.loads(unknown.stdout)["fatal"]
+
+
+def test_the_paired_table_compares_each_block_with_the_same_blocks_direct() -> None:
+    result = {"direct": {"p50": 0.4, "p99": 0.9, "block_p50": [0.4, 0.9, 0.5]},
+              "arbiter": {"p50": 0.8, "p99": 1.5, "block_p50": [0.7, 1.0, 0.95]}}
+    row = run.format_paired(result, ["direct", "arbiter"]).splitlines()[3].split()
+    # 0.30, 0.10, 0.45 block by block: median 0.30, not the difference of the overall p50s alone
+    assert row == ["arbiter", "0.800", "1.500", "0.400", "0.600", "0.300", "(0.100", "to", "0.450)"]
