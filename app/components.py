@@ -122,7 +122,6 @@ class Components:
         for task in pending:
             log.error("background task %s did not stop when cancelled; shutting down without it", task.get_name())
         self._tasks = []
-        self.observer.drain()  # the last requests' records, before the ledger's last write
         steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
             ("mesh", self.mesh.stop),
             ("installs", self.installer.aclose),
@@ -130,7 +129,7 @@ class Components:
             ("sync", lambda: asyncio.to_thread(self.sync.wait_idle, self.settings.backend_admin_timeout + 1.0)),
             ("sync lease", lambda: asyncio.to_thread(self.sync.release)),
             ("key touches", self.touches.flush),
-            ("usage", self.ledger.close),
+            ("usage", self._close_ledger),
             ("backends", self.registry.aclose),
         ]
         shutdown = getattr(self.tracing.provider, "shutdown", None)
@@ -148,6 +147,12 @@ class Components:
             server.shutdown()
             thread.join(timeout=5)
         self.database.dispose()
+
+    async def _close_ledger(self) -> None:
+        # The last requests' records first: a request the server cancelled at its graceful
+        # timeout may have finished during the steps above.
+        self.observer.drain()
+        await self.ledger.close()
 
     async def changed_keys(self) -> None:
         """A key or a project changed: drop cached principals here and on every replica."""

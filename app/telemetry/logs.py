@@ -170,6 +170,7 @@ def log_request(record: RequestRecord, state: Any = None) -> None:
                              (record.operation, record.model, record.status), None, "log_request", fields)
     if record.at is not None:
         line.created = record.at.timestamp()
+        line.msecs = (line.created - int(line.created)) * 1000
     access.handle(line)
 
 

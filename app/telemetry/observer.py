@@ -13,6 +13,7 @@ the ledger only appends to a buffer."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime as dt
 import logging
 from collections.abc import Callable
@@ -38,8 +39,10 @@ class Observer:
         self.log_payloads = log_payloads
         self._is_known = is_known
         self._pending: list[tuple[RequestRecord, Any]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._soon = False
+        # The loop a timer, or a call_soon, is waiting in (not just a flag: a loop that closed with
+        # one waiting never runs it, and the next loop must not take it as armed).
+        self._timer_in: asyncio.AbstractEventLoop | None = None
+        self._soon_in: asyncio.AbstractEventLoop | None = None
 
     def finish(self, record: RequestRecord, body: Any = None) -> None:
         """A request is answered: its record is kept for the bookkeeping, which runs later."""
@@ -47,19 +50,24 @@ class Observer:
             record.at = dt.datetime.now(dt.UTC)  # when it ended, not when its bookkeeping ran
         state = body.get("state") if self.log_payloads and isinstance(body, dict) else None
         self._pending.append((record, state))
-        if self._timer is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no event loop (a tool, a unit test): nothing to wait for
-                self.drain()
-                return
-            self._timer = loop.call_later(self.LATEST, self._on_timer)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (a tool, a unit test): nothing to wait for
+            self.drain()
+            return
+        if self._timer_in is not loop:
+            self._timer_in = loop
+            # In a context of its own: not the request's that happened to arm it, whose id its
+            # log lines would otherwise carry.
+            loop.call_later(self.LATEST, self._on_timer, loop, context=contextvars.Context())
 
     def soon(self) -> None:
         """A request has arrived: the bookkeeping left waiting runs once its task first waits."""
-        if self._pending and not self._soon:
-            self._soon = True
-            asyncio.get_running_loop().call_soon(self._drain_soon)
+        if self._pending:
+            loop = asyncio.get_running_loop()
+            if self._soon_in is not loop:
+                self._soon_in = loop
+                loop.call_soon(self._drain_soon, loop, context=contextvars.Context())
 
     def drain(self) -> None:
         """The bookkeeping of every request finished so far, now."""
@@ -68,14 +76,17 @@ class Observer:
             try:
                 self._book(record, state)
             except Exception:  # one record's fault: the others still count
-                log.exception("the bookkeeping of request %s failed", record.request_id)
+                log.exception("the bookkeeping of request %s failed", record.request_id,
+                              extra={"request_id": record.request_id})
 
-    def _drain_soon(self) -> None:
-        self._soon = False
+    def _drain_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._soon_in is loop:
+            self._soon_in = None
         self.drain()
 
-    def _on_timer(self) -> None:
-        self._timer = None
+    def _on_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer_in is loop:
+            self._timer_in = None
         self.drain()
 
     def _book(self, record: RequestRecord, state: Any) -> None:
