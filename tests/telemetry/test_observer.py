@@ -4,10 +4,12 @@ wait of the next request, or on a timer; never lost, never out of order."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as dt
 import json
 import logging
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import pytest
 from prometheus_client import generate_latest
@@ -21,6 +23,8 @@ from app.telemetry.observer import Observer
 from app.telemetry.record import RequestRecord
 from tests.support import Stack, decision
 from tests.telemetry.test_metrics import samples
+
+T = TypeVar("T")
 
 
 class Ledger:
@@ -37,6 +41,13 @@ class Ledger:
         logging.getLogger("arbiter.test-ledger").warning("adding %s", record.request_id)
         self.added.append(record.request_id)
         self.ended.append(record.at)
+
+
+def in_a_thread(walk: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on a thread of its own: the browser tests leave an event loop running on
+    this one (Playwright's sync API)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, walk).result()
 
 
 def record(request_id: str) -> RequestRecord:
@@ -66,7 +77,7 @@ def test_the_next_request_books_the_last_one_once_it_first_waits() -> None:
 
         await next_request()
 
-    asyncio.run(scenario())
+    in_a_thread(scenario())
     assert seen == [[], ["first", "second"]]
 
 
@@ -79,12 +90,13 @@ def test_with_no_next_request_a_timer_books_them() -> None:
         await asyncio.sleep(Observer.LATEST + 0.05)
         return list(ledger.added)
 
-    assert asyncio.run(scenario()) == ["alone"]
+    assert in_a_thread(scenario()) == ["alone"]
 
 
 def test_without_an_event_loop_it_books_at_once() -> None:
     ledger = Ledger()
-    observer(ledger).finish(record("now"))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:  # a thread with no loop running
+        pool.submit(observer(ledger).finish, record("now")).result()
     assert ledger.added == ["now"]
 
 
@@ -98,7 +110,7 @@ def test_one_broken_record_does_not_cost_the_others(caplog: pytest.LogCaptureFix
         watcher.drain()
 
     with caplog.at_level(logging.ERROR, "arbiter.telemetry"):
-        asyncio.run(scenario())
+        in_a_thread(scenario())
     assert ledger.added == ["a", "b"]
     assert "the bookkeeping of request broken failed" in caplog.text
 
@@ -114,7 +126,7 @@ def test_the_end_time_is_when_the_request_ended_not_when_it_was_booked() -> None
         watcher.drain()
         return booked
 
-    booked = asyncio.run(scenario())
+    booked = in_a_thread(scenario())
     ended = ledger.ended[0]
     assert ended is not None and dt.timedelta(seconds=0.04) < booked - ended < dt.timedelta(seconds=5)
 
@@ -150,7 +162,7 @@ def test_lines_logged_while_booking_do_not_carry_the_id_of_the_request_that_arme
         await asyncio.sleep(Observer.LATEST + 0.05)
 
     try:
-        asyncio.run(scenario())
+        in_a_thread(scenario())
     finally:
         logging.getLogger("arbiter.test-ledger").removeHandler(handler)
     assert ledger.added == ["booked"]
@@ -165,9 +177,9 @@ def test_a_new_event_loop_gets_a_timer_of_its_own() -> None:
         watcher.finish(record(request_id))
         await asyncio.sleep(wait)
 
-    asyncio.run(finish("a", 0))  # its loop closes with the timer still waiting: that timer never runs
+    in_a_thread(finish("a", 0))  # its loop closes with the timer still waiting: that timer never runs
     assert ledger.added == []
-    asyncio.run(finish("b", Observer.LATEST + 0.05))
+    in_a_thread(finish("b", Observer.LATEST + 0.05))
     assert ledger.added == ["a", "b"]
 
 
