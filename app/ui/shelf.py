@@ -6,6 +6,12 @@ never in a URL. With ``ARBITER_SECRET_KEY`` (the replicas of one deployment shar
 land on another replica: the entry is kept encrypted in Redis, or, without Redis (or with Redis
 away), in a cookie of the browser's, encrypted with the same secret, which the redirect sets and
 the page it leads to clears. Without a secret there is one replica: this process's memory.
+
+A carried entry is shown once even if its cookie is sent again (copied, or replayed by the same
+browser): the first display records the cookie as spent in a store every replica shares (the
+database's nonce table, with an expiry past the cookie's own), and a cookie found there shows
+nothing. When that store cannot be reached, nothing is shown: a key seen twice is worse than a
+key to create again.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from typing import Any
 from cryptography.fernet import Fernet, InvalidToken
 from redis.exceptions import RedisError
 
+from app.errors import ArbiterError
+from app.mesh.nonces import NonceStore
 from app.ui.session import UiSession
 
 log = logging.getLogger("arbiter.ui")
@@ -29,8 +37,31 @@ _PREFIX = "arbiter:ui:new-key:"
 COOKIE = "arbiter_new_key"  # carries an entry when there is a secret but no Redis (see ``put``)
 
 
+SPENT_SECONDS = SHELF_SECONDS + 120  # a spent cookie is remembered past its own expiry, clock skew included
+
+
+class _SpentHere:
+    """The spent cookies of this process only: for a shelf built without a shared store (tools, tests)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, float] = {}
+
+    async def first_use(self, nonce: str) -> bool:
+        now = time.monotonic()
+        for old in [n for n, until in self._seen.items() if until <= now]:
+            del self._seen[old]
+        if nonce in self._seen:
+            return False
+        self._seen[nonce] = now + SPENT_SECONDS
+        return True
+
+    async def purge(self) -> None:
+        return None
+
+
 class KeyShelf:
-    def __init__(self, redis: Any = None, secret: str | None = None) -> None:
+    def __init__(self, redis: Any = None, secret: str | None = None, spent: NonceStore | None = None) -> None:
+        self._spent: NonceStore = spent or _SpentHere()
         self._redis = redis if secret else None
         self._fernet = Fernet(base64.urlsafe_b64encode(
             hashlib.sha256(b"arbiter-ui-new-key:" + secret.encode()).digest())) if secret else None
@@ -80,7 +111,7 @@ class KeyShelf:
             except (InvalidToken, ValueError):
                 carried = None
             if isinstance(carried, dict) and carried.get("slot") == slot and isinstance(carried.get("view"), dict):
-                return carried["view"]  # type: ignore[no-any-return]
+                return carried["view"] if await self._first_display(cookie) else None  # type: ignore[no-any-return]
         if self._redis is None:
             return None
         try:
@@ -95,3 +126,18 @@ class KeyShelf:
             return json.loads(self._fernet.decrypt(raw))  # type: ignore[no-any-return]
         except (InvalidToken, ValueError):
             return None
+
+    async def _first_display(self, cookie: str) -> bool:
+        """Record a carried entry's cookie as spent; False when it was already (a replay), or when
+        the store cannot say."""
+        nonce = "ui:" + hashlib.sha256(cookie.encode()).hexdigest()[:29]  # the store's 32 characters
+        try:
+            first = await self._spent.first_use(nonce)
+        except ArbiterError as exc:
+            log.warning("web UI: cannot record a new key's display (%s); it is not shown", exc.message)
+            return False
+        if first:
+            await self._spent.purge()  # now and then: a key's creation through the UI
+        else:
+            log.warning("web UI: a new key's cookie came back after its display; nothing shown")
+        return first

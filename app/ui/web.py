@@ -26,10 +26,11 @@ from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 
 from app.components import Components
 from app.errors import ArbiterError, InvalidRequest, NotFound, TooLarge
+from app.mesh.nonces import DatabaseNonces
 from app.tenancy import service as tenancy
 from app.tenancy.service import Actor
 from app.ui.session import COOKIE, COOKIE_PATH, CSRF_FIELD, CSRF_HEADER, SessionSigner, UiSession
-from app.ui.shelf import KeyShelf
+from app.ui.shelf import SPENT_SECONDS, KeyShelf
 
 log = logging.getLogger("arbiter.ui")
 M = TypeVar("M", bound=BaseModel)
@@ -67,7 +68,8 @@ class UiState:
     def __init__(self, components: Components) -> None:
         secret = components.settings.secret_key
         self.signer = SessionSigner(secret.get_secret_value() if secret else None)
-        self.new_keys = KeyShelf(getattr(components, "redis", None), secret.get_secret_value() if secret else None)
+        self.new_keys = KeyShelf(getattr(components, "redis", None), secret.get_secret_value() if secret else None,
+                                 DatabaseNonces(components.database, SPENT_SECONDS))
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
                                      autoescape=select_autoescape(default=True, default_for_string=True),
                                      trim_blocks=True, lstrip_blocks=True)

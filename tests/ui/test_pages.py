@@ -450,6 +450,13 @@ def test_a_new_key_is_shown_by_another_replica_without_redis(
         assert value is not None and [k["last_four"] for k in _keys_of(stack, "lb")] == [value.group(1)[-4:]]
         assert 'arbiter_new_key=""' in shown.headers["set-cookie"]  # cleared
         assert 'id="new-key-value"' not in other.get(created.headers["location"]).text  # the reload
+    replayed = carried.split(";")[0].split("=", 1)[1]
+    for where in (stack.gateway, replica):  # the same session sends the spent cookie again, to either replica
+        with httpx.Client(base_url=where.url, cookies=ui.cookies) as again:
+            again.cookies.set("arbiter_new_key", replayed, path=page)
+            answer = again.get(created.headers["location"])
+            assert answer.status_code == 200 and 'id="new-key-value"' not in answer.text
+            assert value.group(1) not in answer.text
     with closing(ui_sign_in(replica.url, stack.admin_key)) as stranger:  # another session, same cookie
         stranger.cookies.set("arbiter_new_key", carried.split(";")[0].split("=", 1)[1])
         assert 'id="new-key-value"' not in stranger.get(created.headers["location"]).text

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 from collections.abc import Coroutine
 from typing import Any
 
 import pytest
 
+from app.errors import BackendFailed
 from app.ui.session import UiSession
 from app.ui.shelf import KeyShelf
 from tests.support import redis_url
@@ -76,3 +78,26 @@ def test_a_carried_key_stays_well_under_a_browsers_cookie_limit() -> None:
         assert carried is not None and len("arbiter_new_key=" + carried) < 3000  # browsers drop a cookie over 4,096
         assert await KeyShelf(None, "s" * 32).take(MINE, 3, carried) == view
     run(walk())
+
+
+class Unreachable:
+    async def first_use(self, nonce: str) -> bool:
+        raise BackendFailed(503, "the nonce store is unreachable")
+
+    async def purge(self) -> None:
+        raise AssertionError("nothing to purge when nothing was recorded")
+
+
+def test_a_carried_key_is_shown_once_even_when_its_cookie_comes_back(caplog: pytest.LogCaptureFixture) -> None:
+    async def walk() -> None:
+        carried = await KeyShelf(None, "s" * 32).put(MINE, 3, VIEW)
+        assert carried is not None
+        replica = KeyShelf(None, "s" * 32)
+        assert await replica.take(MINE, 3, carried) == VIEW
+        assert await replica.take(MINE, 3, carried) is None  # the same cookie again: spent
+        other = await KeyShelf(None, "s" * 32).put(MINE, 3, VIEW)  # a second key: a cookie of its own
+        assert other is not None and await replica.take(MINE, 3, other) == VIEW
+        assert await KeyShelf(None, "s" * 32, Unreachable()).take(MINE, 3, carried) is None  # cannot tell: not shown
+    with caplog.at_level(logging.WARNING, "arbiter.ui"):
+        run(walk())
+    assert "came back after its display" in caplog.text and "it is not shown" in caplog.text
