@@ -4,6 +4,7 @@ that asserts SPEC §1's error shape."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import io
 import itertools
@@ -14,8 +15,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import uvicorn
@@ -298,3 +300,13 @@ def wait_for(check: Any, timeout: float = 10.0, interval: float = 0.05) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"not true after {timeout}s: {last!r}")
         time.sleep(interval)
+
+
+T = TypeVar("T")
+
+
+def run_async(walk: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on a thread of its own: the browser tests leave an event loop running on
+    this one (Playwright's sync API), where ``asyncio.run`` refuses to start."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, walk).result()

@@ -8,8 +8,7 @@ import concurrent.futures
 import datetime as dt
 import json
 import logging
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -21,10 +20,8 @@ from app.telemetry.logs import JsonFormatter, log_request
 from app.telemetry.metrics import Metrics
 from app.telemetry.observer import Observer
 from app.telemetry.record import RequestRecord
-from tests.support import Stack, decision
+from tests.support import Stack, decision, run_async
 from tests.telemetry.test_metrics import samples
-
-T = TypeVar("T")
 
 
 class Ledger:
@@ -41,13 +38,6 @@ class Ledger:
         logging.getLogger("arbiter.test-ledger").warning("adding %s", record.request_id)
         self.added.append(record.request_id)
         self.ended.append(record.at)
-
-
-def in_a_thread(walk: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on a thread of its own: the browser tests leave an event loop running on
-    this one (Playwright's sync API)."""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, walk).result()
 
 
 def record(request_id: str) -> RequestRecord:
@@ -77,7 +67,7 @@ def test_the_next_request_books_the_last_one_once_it_first_waits() -> None:
 
         await next_request()
 
-    in_a_thread(scenario())
+    run_async(scenario())
     assert seen == [[], ["first", "second"]]
 
 
@@ -90,7 +80,7 @@ def test_with_no_next_request_a_timer_books_them() -> None:
         await asyncio.sleep(Observer.LATEST + 0.05)
         return list(ledger.added)
 
-    assert in_a_thread(scenario()) == ["alone"]
+    assert run_async(scenario()) == ["alone"]
 
 
 def test_without_an_event_loop_it_books_at_once() -> None:
@@ -110,7 +100,7 @@ def test_one_broken_record_does_not_cost_the_others(caplog: pytest.LogCaptureFix
         watcher.drain()
 
     with caplog.at_level(logging.ERROR, "arbiter.telemetry"):
-        in_a_thread(scenario())
+        run_async(scenario())
     assert ledger.added == ["a", "b"]
     assert "the bookkeeping of request broken failed" in caplog.text
 
@@ -126,7 +116,7 @@ def test_the_end_time_is_when_the_request_ended_not_when_it_was_booked() -> None
         watcher.drain()
         return booked
 
-    booked = in_a_thread(scenario())
+    booked = run_async(scenario())
     ended = ledger.ended[0]
     assert ended is not None and dt.timedelta(seconds=0.04) < booked - ended < dt.timedelta(seconds=5)
 
@@ -162,7 +152,7 @@ def test_lines_logged_while_booking_do_not_carry_the_id_of_the_request_that_arme
         await asyncio.sleep(Observer.LATEST + 0.05)
 
     try:
-        in_a_thread(scenario())
+        run_async(scenario())
     finally:
         logging.getLogger("arbiter.test-ledger").removeHandler(handler)
     assert ledger.added == ["booked"]
@@ -177,9 +167,9 @@ def test_a_new_event_loop_gets_a_timer_of_its_own() -> None:
         watcher.finish(record(request_id))
         await asyncio.sleep(wait)
 
-    in_a_thread(finish("a", 0))  # its loop closes with the timer still waiting: that timer never runs
+    run_async(finish("a", 0))  # its loop closes with the timer still waiting: that timer never runs
     assert ledger.added == []
-    in_a_thread(finish("b", Observer.LATEST + 0.05))
+    run_async(finish("b", Observer.LATEST + 0.05))
     assert ledger.added == ["a", "b"]
 
 

@@ -3,28 +3,17 @@ Redis (encrypted) when the replicas share one."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
-from collections.abc import Coroutine
-from typing import Any
 
 import pytest
 
 from app.errors import BackendFailed
 from app.ui.session import UiSession
 from app.ui.shelf import KeyShelf
-from tests.support import redis_url
+from tests.support import redis_url, run_async
 
 MINE, OTHER = UiSession(1, 2_000_000_000, "a" * 32), UiSession(1, 2_000_000_000, "b" * 32)
 VIEW = {"id": 7, "key": "arb_proj_secret"}
-
-
-def run(walk: Coroutine[Any, Any, None]) -> None:
-    """``asyncio.run`` on a thread of its own: the browser tests leave an event loop running on
-    this one (Playwright's sync API)."""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        pool.submit(asyncio.run, walk).result()
 
 
 def test_a_key_is_taken_once_by_its_session_and_project() -> None:
@@ -34,7 +23,7 @@ def test_a_key_is_taken_once_by_its_session_and_project() -> None:
         assert await shelf.take(OTHER, 3) is None and await shelf.take(MINE, 4) is None
         assert await shelf.take(MINE, 3) == VIEW
         assert await shelf.take(MINE, 3) is None
-    run(walk())
+    run_async(walk())
 
 
 def test_through_redis_another_replica_shows_it_and_it_is_sealed() -> None:
@@ -55,7 +44,7 @@ def test_through_redis_another_replica_shows_it_and_it_is_sealed() -> None:
             assert await two.take(MINE, 3) == VIEW and await one.take(MINE, 3) is None
         finally:
             await client.aclose()
-    run(walk())
+    run_async(walk())
 
 
 def test_with_a_secret_and_no_redis_the_browser_carries_it_sealed() -> None:
@@ -67,7 +56,7 @@ def test_with_a_secret_and_no_redis_the_browser_carries_it_sealed() -> None:
         assert await two.take(OTHER, 3, carried) is None and await two.take(MINE, 4, carried) is None
         assert await foreign.take(MINE, 3, carried) is None and await two.take(MINE, 3, "forged") is None
         assert await KeyShelf().put(MINE, 3, VIEW) is None  # no secret: one process, its memory
-    run(walk())
+    run_async(walk())
 
 
 def test_a_carried_key_stays_well_under_a_browsers_cookie_limit() -> None:
@@ -77,7 +66,7 @@ def test_a_carried_key_stays_well_under_a_browsers_cookie_limit() -> None:
         carried = await KeyShelf(None, "s" * 32).put(MINE, 3, view)
         assert carried is not None and len("arbiter_new_key=" + carried) < 3000  # browsers drop a cookie over 4,096
         assert await KeyShelf(None, "s" * 32).take(MINE, 3, carried) == view
-    run(walk())
+    run_async(walk())
 
 
 class Unreachable:
@@ -99,5 +88,5 @@ def test_a_carried_key_is_shown_once_even_when_its_cookie_comes_back(caplog: pyt
         assert other is not None and await replica.take(MINE, 3, other) == VIEW
         assert await KeyShelf(None, "s" * 32, Unreachable()).take(MINE, 3, carried) is None  # cannot tell: not shown
     with caplog.at_level(logging.WARNING, "arbiter.ui"):
-        run(walk())
+        run_async(walk())
     assert "came back after its display" in caplog.text and "it is not shown" in caplog.text
