@@ -27,6 +27,11 @@ class BackendUnreachable(BackendError):
     pass
 
 
+class AdminCallAbandoned(BackendError):
+    """Its owner is stopping (the process shuts down): the call was given up, whatever the backend
+    would have answered. Says nothing about the backend."""
+
+
 class BackendBroken(BackendError):
     pass
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import functools
 import ssl
+import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -16,6 +18,7 @@ import httpx
 import orjson
 
 from infra_adapters.base import (
+    AdminCallAbandoned,
     BackendAuthRejected,
     BackendBroken,
     BackendProtocolError,
@@ -83,8 +86,10 @@ class HttpBackendBase:
         timeouts are per read: a backend trickling its answer would hold the call (and the admin's
         request) for as long as it likes. Called from worker threads (a thread that runs an event loop
         of its own, as a test driving a browser does, has the call made on another)."""
+        calls = admin_calls.get()
+        exchange = self._admin_exchange(method, self.url + path, payload)
         try:
-            response = _run(self._admin_exchange(method, self.url + path, payload))
+            response = _run(exchange if calls is None else calls.run(exchange))
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise BackendTimeout(f"{self.url}{path} did not answer within {self._admin_timeout:g}s") from exc
         except httpx.HTTPError as exc:
@@ -187,6 +192,45 @@ def admin_tls() -> ssl.SSLContext:
     A context is safe to share between threads and clients; httpcore sets the same ALPN list
     (HTTP/1.1) on it at every https connection, so no HTTP/2 client may share it."""
     return httpx.create_ssl_context()
+
+
+class AdminCalls:
+    """The admin calls of one owner (a service sync), so that its stop can give up the one under
+    way instead of waiting out its timeout: the calls are made with ``admin_calls`` set to it, each
+    on an event loop of its own in a worker thread, and ``abandon`` cancels them there (they raise
+    AdminCallAbandoned), and every call made after it at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = set()
+        self._abandoned = False
+
+    def abandon(self) -> None:
+        with self._lock:
+            self._abandoned = True
+            for loop, task in self._running:
+                loop.call_soon_threadsafe(task.cancel)
+
+    async def run(self, call: Coroutine[Any, Any, T]) -> T:
+        task = asyncio.ensure_future(call)
+        entry = (asyncio.get_running_loop(), task)
+        with self._lock:
+            if self._abandoned:
+                task.cancel()
+            self._running.add(entry)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if self._abandoned:
+                raise AdminCallAbandoned("the call was given up: Arbiter is stopping") from None
+            raise
+        finally:
+            with self._lock:
+                self._running.discard(entry)
+
+
+# Set by the owner of the admin calls made in this context (the service sync's worker thread).
+admin_calls: contextvars.ContextVar[AdminCalls | None] = contextvars.ContextVar("arbiter_admin_calls", default=None)
 
 
 def _run(call: Coroutine[Any, Any, T]) -> T:

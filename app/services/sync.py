@@ -21,12 +21,14 @@ from app.services.credentials import CredentialBox, CredentialUnavailable
 from app.settings import Settings
 from app.tenancy.service import Actor
 from infra_adapters.base import (
+    AdminCallAbandoned,
     Backend,
     BackendAuthRejected,
     BackendError,
     BackendProtocolError,
     RemoteModel,
 )
+from infra_adapters.http import AdminCalls, admin_calls
 from infra_adapters.ollama import public_name
 
 log = logging.getLogger("arbiter.sync")
@@ -84,6 +86,8 @@ def sync_service(session: Session, settings: Settings, service: Service, actor: 
         before = _names(session, service)
         try:
             remote: list[RemoteModel] | None = read(session, settings, service)
+        except AdminCallAbandoned:
+            raise  # about this process stopping, not the service: its status stays as it was
         except BackendError as exc:
             service.reachable = False
             service.last_error = str(exc)
@@ -163,11 +167,13 @@ class SyncLoop:
         # is told to stop (before its next service, not after every service's admin timeout), and
         # waited for (it writes to the database, which closes next).
         self._stopping = threading.Event()
+        self._calls = AdminCalls()  # and the admin call it is making is given up
         self._idle = threading.Event()
         self._idle.set()
 
     def sync_all(self) -> None:
         self._idle.clear()
+        admin_calls.set(self._calls)  # this worker thread's context: its calls are the sync's
         try:
             with self._database.session() as session:
                 ids = list(session.scalars(select(Service.id)))
@@ -179,14 +185,17 @@ class SyncLoop:
                         service = session.get(Service, service_id)
                         if service is not None:
                             sync_service(session, self._settings, service)
+                except AdminCallAbandoned:
+                    return  # stopping: nothing written for it
                 except Exception:  # one broken service must not stop the others' sync
                     log.exception("scheduled sync of service %s failed", service_id)
         finally:
             self._idle.set()
 
     def stop(self) -> None:
-        """No service is read after this; one being read goes on until it answers or times out."""
+        """No service is read after this, and the admin call under way is given up."""
         self._stopping.set()
+        self._calls.abandon()
 
     def wait_idle(self, timeout: float) -> bool:
         """Until no sync runs (at most ``timeout`` seconds): whether none does."""
