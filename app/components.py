@@ -125,7 +125,7 @@ class Components:
         steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
             ("mesh", self.mesh.stop),
             ("installs", self.installer.aclose),
-            # A sync under way reads one more service at most (admin timeout), then the lease goes.
+            # A sync under way gives up its backend call and stops (the wait is a bound), then the lease goes.
             ("sync", lambda: asyncio.to_thread(self.sync.wait_idle, self.settings.backend_admin_timeout + 1.0)),
             ("sync lease", lambda: asyncio.to_thread(self.sync.release)),
             ("key touches", self.touches.flush),

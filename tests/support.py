@@ -183,8 +183,8 @@ class Gateway:
 
     def stop(self) -> None:
         self._server.stop()
-        # Its graceful shutdown (5 s, above), then its lifespan's: a service sync under way ends
-        # its backend call first (the admin timeout, 10 s by default).
+        # Its graceful shutdown (5 s, above), then its lifespan's (a service sync under way gives
+        # up its backend call: quick).
         self._thread.join(timeout=30)
         self._socket.close()
         if self._thread.is_alive():  # it would go on into the next test, with its database

@@ -173,7 +173,7 @@ class SyncLoop:
 
     def sync_all(self) -> None:
         self._idle.clear()
-        admin_calls.set(self._calls)  # this worker thread's context: its calls are the sync's
+        owner = admin_calls.set(self._calls)  # the calls made from here on are the sync's
         try:
             with self._database.session() as session:
                 ids = list(session.scalars(select(Service.id)))
@@ -190,6 +190,7 @@ class SyncLoop:
                 except Exception:  # one broken service must not stop the others' sync
                     log.exception("scheduled sync of service %s failed", service_id)
         finally:
+            admin_calls.reset(owner)  # not the caller's any more, whatever thread or context this was
             self._idle.set()
 
     def stop(self) -> None:

@@ -13,12 +13,13 @@ import pytest
 from app.db.models import Service
 from app.db.session import Database
 from app.services import service as services
+from app.services.sync import SyncLoop
 from app.settings import Settings
 from app.tenancy.service import CLI
 from infra_adapters.base import AdminCallAbandoned
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from infra_adapters.http import AdminCalls
+from infra_adapters.http import AdminCalls, admin_calls
 from tests.support import Gateway, run_async, wait_for
 
 
@@ -98,3 +99,12 @@ def test_a_background_task_that_swallowed_its_cancel_does_not_hold_the_stop(
     started = time.monotonic()
     gateway.stop()
     assert time.monotonic() - started < 5  # not the task's 60 s
+
+
+def test_a_sync_leaves_no_owner_behind_in_its_callers_context(db: Database) -> None:
+    """Run in the caller's own context (not a to_thread copy), a stopped sync must not make the
+    caller's later admin calls, an admin's Refresh say, look abandoned."""
+    sync = SyncLoop(db, Settings(database_url=db.url), lambda: None)
+    sync.stop()
+    sync.sync_all()
+    assert admin_calls.get() is None
