@@ -205,6 +205,10 @@ class AdminCalls:
         self._running: set[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = set()
         self._abandoned = False
 
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned
+
     def abandon(self) -> None:
         with self._lock:
             self._abandoned = True

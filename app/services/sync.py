@@ -163,11 +163,10 @@ class SyncLoop:
         self._settings = settings
         self._on_change = on_change
         self.runs = 0  # syncs this process ran (the lease makes other replicas skip theirs)
-        # A sync runs in a worker thread, which cancelling its task does not stop: at shutdown it
-        # is told to stop (before its next service, not after every service's admin timeout), and
-        # waited for (it writes to the database, which closes next).
-        self._stopping = threading.Event()
-        self._calls = AdminCalls()  # and the admin call it is making is given up
+        # A sync runs in a worker thread, which cancelling its task does not stop: at shutdown its
+        # admin calls are given up (the one under way, and any after it), it reads no further
+        # service, and it is waited for (it writes to the database, which closes next).
+        self._calls = AdminCalls()
         self._idle = threading.Event()
         self._idle.set()
 
@@ -178,7 +177,7 @@ class SyncLoop:
             with self._database.session() as session:
                 ids = list(session.scalars(select(Service.id)))
             for service_id in ids:
-                if self._stopping.is_set():
+                if self._calls.abandoned:
                     return  # shutting down: the next start reads every service again
                 try:
                     with self._database.session() as session:
@@ -195,7 +194,6 @@ class SyncLoop:
 
     def stop(self) -> None:
         """No service is read after this, and the admin call under way is given up."""
-        self._stopping.set()
         self._calls.abandon()
 
     def wait_idle(self, timeout: float) -> bool:

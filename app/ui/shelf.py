@@ -40,28 +40,9 @@ COOKIE = "arbiter_new_key"  # carries an entry when there is a secret but no Red
 SPENT_SECONDS = SHELF_SECONDS + 120  # a spent cookie is remembered past its own expiry, clock skew included
 
 
-class _SpentHere:
-    """The spent cookies of this process only: for a shelf built without a shared store (tools, tests)."""
-
-    def __init__(self) -> None:
-        self._seen: dict[str, float] = {}
-
-    async def first_use(self, nonce: str) -> bool:
-        now = time.monotonic()
-        for old in [n for n, until in self._seen.items() if until <= now]:
-            del self._seen[old]
-        if nonce in self._seen:
-            return False
-        self._seen[nonce] = now + SPENT_SECONDS
-        return True
-
-    async def purge(self) -> None:
-        return None
-
-
 class KeyShelf:
-    def __init__(self, redis: Any = None, secret: str | None = None, spent: NonceStore | None = None) -> None:
-        self._spent: NonceStore = spent or _SpentHere()
+    def __init__(self, spent: NonceStore, redis: Any = None, secret: str | None = None) -> None:
+        self._spent = spent  # where a carried entry's cookie is recorded at its display
         self._redis = redis if secret else None
         self._fernet = Fernet(base64.urlsafe_b64encode(
             hashlib.sha256(b"arbiter-ui-new-key:" + secret.encode()).digest())) if secret else None

@@ -68,8 +68,8 @@ class UiState:
     def __init__(self, components: Components) -> None:
         secret = components.settings.secret_key
         self.signer = SessionSigner(secret.get_secret_value() if secret else None)
-        self.new_keys = KeyShelf(getattr(components, "redis", None), secret.get_secret_value() if secret else None,
-                                 DatabaseNonces(components.database, SPENT_SECONDS))
+        self.new_keys = KeyShelf(DatabaseNonces(components.database, SPENT_SECONDS), getattr(components, "redis", None),
+                                 secret.get_secret_value() if secret else None)
         self.templates = Environment(loader=FileSystemLoader(HERE / "templates"),
                                      autoescape=select_autoescape(default=True, default_for_string=True),
                                      trim_blocks=True, lstrip_blocks=True)
