@@ -69,6 +69,8 @@ class RemoteModel:
     name: str
     capabilities: frozenset[str] = field(default_factory=frozenset)
     details: dict[str, Any] = field(default_factory=dict)
+    # Why the backend could not tell what this model is (its capabilities are unknown), or None.
+    unreadable: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

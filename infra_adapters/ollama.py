@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from infra_adapters.base import (
+    BackendAuthRejected,
     BackendBroken,
     BackendProtocolError,
     CallOptions,
@@ -38,8 +39,21 @@ class OllamaBackend(HttpBackendBase):
             name = entry.get("name") or entry.get("model") if isinstance(entry, dict) else None
             if not isinstance(name, str) or not name:
                 continue
-            models.append(RemoteModel(name=name, capabilities=self.capabilities(name),
-                                      details=entry.get("details") or {}))
+            details = entry.get("details") or {}
+            try:
+                capabilities = self.capabilities(name)
+            except BackendAuthRejected:
+                raise  # about the service's key, not this model
+            except BackendProtocolError as exc:
+                # One model Ollama cannot describe (its /api/show answers 500 on a broken blob or
+                # manifest, server/routes.go ShowHandler; 404 when it went away since /api/tags)
+                # must not stop the others' sync: it is listed as unreadable, with why. The
+                # message is without the service's URL (it may carry credentials).
+                problem = str(exc).removeprefix(self.url).strip()
+                models.append(RemoteModel(name=name, details=details,
+                                          unreadable=f"cannot read its capabilities: {problem}"))
+                continue
+            models.append(RemoteModel(name=name, capabilities=capabilities, details=details))
         return models
 
     def capabilities(self, name: str) -> frozenset[str]:
@@ -86,8 +100,10 @@ class OllamaBackend(HttpBackendBase):
         return self._admin_request("DELETE", "/api/delete", {"model": name}, missing_ok=True) is not None
 
     def decisions_unsupported(self, reply: Reply) -> bool:
-        # Ollama's router answers an unknown route with Go's plain-text 404;
-        # a missing model is a JSON 404. Only the first means "no decisions here".
+        # Ollama's router (gin, server/routes.go) answers an unknown route with a plain-text 404
+        # ("404 page not found", text/plain); a missing model is a JSON 404. Only the first means
+        # "no decisions here". gin's 405 (HandleMethodNotAllowed) is only for a path another method
+        # has, and no Ollama serves /v1/systemone with another method: a downgraded one is a 404.
         return reply.status == 404 and (reply.content_type or "").startswith("text/plain")
 
 

@@ -122,12 +122,22 @@ def register(session: Session, service: Service, remote: list[RemoteModel]) -> N
 
     While the service is too old for decision models (SPEC §4), its decision models are skipped:
     one not registered yet is left out, one registered already keeps its row (its public name,
-    timeout and id are the admin's) and is gated: requests for it get 405 until the gate lifts."""
+    timeout and id are the admin's) and is gated: requests for it get 405 until the gate lifts.
+
+    A model the backend lists but cannot describe (``unreadable``: its Ollama's /api/show failed)
+    is skipped the same way, with why: left out when new, its row kept as last synced otherwise
+    (a model that fails to load is not forgotten for it), and the others are synced."""
     too_old = gated(service)
     reason = versions.gate_message(effective_version(service))
-    wanted = {model.name: capabilities_of(service.type, model) for model in remote}
     rows = {m.backend_name: m for m in session.scalars(select(Model).where(Model.service_id == service.id))}
     skipped: list[dict[str, str]] = []
+    for model in remote:
+        if model.unreadable is not None:
+            row = rows.get(model.name)
+            skipped.append({"model": row.public_name if row is not None else public(service.type, model.name),
+                            "backend_name": model.name, "reason": model.unreadable})
+    wanted = {model.name: capabilities_of(service.type, model) for model in remote if model.unreadable is None}
+    listed = {model.name for model in remote}
     for backend_name, caps in wanted.items():
         row = rows.get(backend_name)
         if row is not None and row.source != "custom":
@@ -139,7 +149,7 @@ def register(session: Session, service: Service, remote: list[RemoteModel]) -> N
             session.add(Model(service_id=service.id, backend_name=backend_name,
                               public_name=public(service.type, backend_name), capabilities=caps, source="sync"))
     for backend_name, row in rows.items():
-        if backend_name in wanted:
+        if backend_name in listed:
             continue
         if row.source != "custom":
             session.delete(row)

@@ -3,8 +3,9 @@
 Also `/api/pull` (paced progress stream, `ollama_pull`) and `/api/delete`
 (install flows), chat and embeddings (`/api/chat`, `/api/embed` and the
 OpenAI-compatible `/v1/chat/completions`, `/v1/embeddings`: `ollama_chat`) and
-`GET /` ("Ollama is running"). Unknown routes answer as Ollama's router does: a
-plain-text 404. `ollama_cloud_state()` makes an Ollama Cloud stand-in.
+`GET /` ("Ollama is running"). Unknown routes and wrong methods answer as Ollama's
+router (gin) does: a plain-text 404, or a plain-text 405 with `Allow`.
+`ollama_cloud_state()` makes an Ollama Cloud stand-in.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .ollama_pull import handle_pull
 from .ollama_state import (
     GO_404_BODY,
     GO_404_CONTENT_TYPE,
+    GO_405_BODY,
     STATE_KEY,
     OllamaState,
     canonical_name,
@@ -28,6 +30,7 @@ from .ollama_state import (
     default_models,
     error,
     go_404,
+    go_405,
     model_digest,
     model_size,
 )
@@ -55,6 +58,7 @@ from .server import serve_forever
 __all__ = [
     "GO_404_BODY",
     "GO_404_CONTENT_TYPE",
+    "GO_405_BODY",
     "OllamaState",
     "canonical_name",
     "default_library",
@@ -244,6 +248,11 @@ async def handle_show(request: web.Request) -> web.Response:
         key = await _named_model(request, state)
     except Problem as exc:
         return error(exc.status, exc.message)
+    failure = state.show_error(key)
+    if failure is not None:
+        # A model whose details cannot be read (a broken manifest or GGUF blob): Ollama's
+        # ShowHandler (server/routes.go) answers GetModelInfo's error as 500 {"error": ...}.
+        return error(500, failure)
     return json_response(show_body(key, state.models[key]))
 
 
@@ -275,8 +284,14 @@ def _middlewares(state: OllamaState) -> list[Any]:
             return error(401, "unauthorized")
         try:
             return await handler(request)
-        except (web.HTTPNotFound, web.HTTPMethodNotAllowed):
+        except web.HTTPNotFound:
             return go_404()
+        except web.HTTPMethodNotAllowed as exc:
+            # gin's 405 (ollama_state.GO_405_BODY), on every route this app, ollama_chat and
+            # ollama_pull add. /v1/systemone does not exist at all before 0.35.0: a 404 there.
+            if request.path == "/v1/systemone" and not version_at_least(state.version, DECISION_MIN_VERSION):
+                return go_404()
+            return go_405(exc.allowed_methods)
 
     return [recording_middleware(state.requests), auth_and_404]
 
@@ -288,8 +303,9 @@ def make_ollama_app(state: OllamaState | None = None) -> web.Application:
     app[STATE_KEY] = state
     app.router.add_route("GET", "/", handle_root)
     app.router.add_route("HEAD", "/", handle_root)
-    app.router.add_get("/api/version", handle_version, allow_head=False)
-    app.router.add_get("/api/tags", handle_tags, allow_head=False)
+    # server/routes.go serves HEAD as well as GET on /, /api/version and /api/tags.
+    app.router.add_get("/api/version", handle_version)
+    app.router.add_get("/api/tags", handle_tags)
     app.router.add_post("/api/show", handle_show)
     app.router.add_post("/api/pull", handle_pull)
     app.router.add_delete("/api/delete", handle_delete)

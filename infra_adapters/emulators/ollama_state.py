@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -11,8 +11,17 @@ from aiohttp import web
 from .faults import Faults
 from .recording import RecordedRequest, json_response
 
+# Ollama's router is gin (server/routes.go GenerateRoutes: `r := gin.Default()` with
+# `r.HandleMethodNotAllowed = true`). gin answers an unknown route with 404 "404 page not found"
+# and a known route asked with another method with 405 "405 method not allowed" plus an `Allow`
+# header naming the methods the path has; both with `Content-Type: text/plain`, no charset
+# (gin v1.10.0 gin.go: default404Body, default405Body, serveError, `mimePlain`).
 GO_404_BODY = b"404 page not found"
-GO_404_CONTENT_TYPE = "text/plain; charset=utf-8"
+GO_404_CONTENT_TYPE = "text/plain"
+GO_405_BODY = b"405 method not allowed"
+# gin lists the allowed methods in the order of its method trees, which is the order
+# server/routes.go first registers each method in: r.HEAD("/"), r.GET("/"), r.POST, r.DELETE.
+GIN_METHOD_ORDER = ("HEAD", "GET", "POST", "DELETE")
 
 
 def default_models() -> dict[str, list[str]]:
@@ -50,6 +59,7 @@ class OllamaState:
     pull_seconds: float = 0.3  # how long one `/api/pull` takes from first line to last
     verify_seconds: float = 0.0  # silence after "verifying sha256 digest" (a big model's digest check)
     pull_errors: dict[str, str] = field(default_factory=dict)  # model -> error line mid-pull
+    show_errors: dict[str, str] = field(default_factory=dict)  # model -> its /api/show is 500 {"error": ...}
     pulling: set[str] = field(default_factory=set)  # models whose pull is in progress
     stream_delay: float = 0.0  # seconds between streamed chat chunks
     label_mass: float = 0.9  # /v1/chat/completions with logprobs: the probability on the labels
@@ -64,6 +74,10 @@ class OllamaState:
     def pull_error(self, name: str) -> str | None:
         key = _find(self.pull_errors, name)
         return None if key is None else self.pull_errors[key]
+
+    def show_error(self, name: str) -> str | None:
+        key = _find(self.show_errors, name)
+        return None if key is None else self.show_errors[key]
 
 
 def _find(mapping: Mapping[str, object], name: str) -> str | None:
@@ -100,3 +114,11 @@ def error(status: int, message: str) -> web.Response:
 
 def go_404() -> web.Response:
     return web.Response(status=404, body=GO_404_BODY, headers={"Content-Type": GO_404_CONTENT_TYPE})
+
+
+def go_405(allowed: Iterable[str]) -> web.Response:
+    """gin's 405 for a known path asked with a method it does not take."""
+    methods = sorted(set(allowed), key=lambda m: (GIN_METHOD_ORDER.index(m) if m in GIN_METHOD_ORDER
+                                                 else len(GIN_METHOD_ORDER), m))
+    return web.Response(status=405, body=GO_405_BODY,
+                        headers={"Content-Type": GO_404_CONTENT_TYPE, "Allow": ", ".join(methods)})

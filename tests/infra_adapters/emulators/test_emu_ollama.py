@@ -93,8 +93,10 @@ def test_old_ollama_has_no_decision_route(
     ollama.version = version
     resp = _post(ollama_client, make_request("nimble"))
     assert resp.status_code == 404
-    assert resp.headers["content-type"] == "text/plain; charset=utf-8"
+    assert resp.headers["content-type"] == "text/plain"  # gin's serveError: no charset
     assert resp.content == b"404 page not found"
+    wrong_method = ollama_client.get("/v1/systemone")  # no such route at all: a 404 still
+    assert (wrong_method.status_code, wrong_method.content) == (404, b"404 page not found")
 
 
 @pytest.mark.parametrize("version", ["0.35.0", "0.35.1", "0.36.0", "1.0.0"])
@@ -108,6 +110,42 @@ def test_new_enough_ollama_answers(
 def test_unknown_route_is_gos_plain_404(ollama_client: httpx.Client) -> None:
     resp = ollama_client.get("/api/nothing")
     assert (resp.status_code, resp.content) == (404, b"404 page not found")
+    assert resp.headers["content-type"] == "text/plain"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("GET", "/api/show", "POST"),
+        ("GET", "/v1/systemone", "POST"),
+        ("PUT", "/v1/systemone", "POST"),
+        ("POST", "/api/version", "HEAD, GET"),
+        ("DELETE", "/api/tags", "HEAD, GET"),
+        ("POST", "/", "HEAD, GET"),
+        ("GET", "/api/pull", "POST"),
+        ("POST", "/api/delete", "DELETE"),
+        ("GET", "/api/chat", "POST"),
+        ("GET", "/api/embed", "POST"),
+        ("GET", "/v1/chat/completions", "POST"),
+        ("GET", "/v1/embeddings", "POST"),
+        ("OPTIONS", "/api/show", "POST"),
+    ],
+)
+def test_wrong_method_on_a_known_route_is_gins_plain_405(
+    ollama_client: httpx.Client, method: str, path: str, allow: str
+) -> None:
+    # server/routes.go sets `r.HandleMethodNotAllowed = true` on its gin router: a path it knows,
+    # asked with another method, is 405 "405 method not allowed" (text/plain) with `Allow`.
+    resp = ollama_client.request(method, path)
+    assert (resp.status_code, resp.content) == (405, b"405 method not allowed")
+    assert resp.headers["content-type"] == "text/plain"
+    assert resp.headers["allow"] == allow
+
+
+def test_head_is_served_where_ollama_serves_it(ollama_client: httpx.Client) -> None:
+    for path in ("/", "/api/version", "/api/tags"):  # server/routes.go: r.HEAD(...) beside r.GET(...)
+        resp = ollama_client.head(path)
+        assert (resp.status_code, resp.content) == (200, b""), path
 
 
 def _one(q: dict[str, Any], model: str = "nimble", **extra: Any) -> dict[str, Any]:
