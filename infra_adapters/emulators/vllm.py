@@ -3,13 +3,22 @@
 `/v1/decisions` (`vllm_decisions`).
 
 A model's `task` option says what it serves: "generate" (chat and decisions)
-or "embed" (embeddings only; decisions are a 501 as for a model without a
-read strategy, chat a 400).
+or "embed" (embeddings only; decisions and chat are a 501 as for a model without
+their handler).
+
+`/v1/systemone` refuses what vLLM 0.33 refuses, in its order
+(vllm/entrypoints/generate/structured_decisions/): the body as pydantic checks
+`StructuredDecisionRequest` (`extra="forbid"`: `keep_alive` or any unknown field
+is a 400; `joint` a StrictBool; `instructions` a string), then the model, then
+serving.py's `parse_questions` (a question's unknown fields, question_types.py
+`build_question`), `_media`, `_admit` (`joint` needs DiffusionGemma, which the
+emulator never serves) and the read (`enable_thinking`, a fixed-prompt model's
+instructions, media URLs, the context length). The answers are `answers.vllm_answer`.
 
 Errors follow vLLM's OpenAI-style shape
-`{"error": {"message", "type", "param", "code"}}`; routes it does not have
-answer as FastAPI does (`{"detail": "Not Found"}`); `--api-key` guards the
-`/v1` routes only, with vLLM's own `{"error": "Unauthorized"}` 401.
+`{"error": {"message", "type", "param", "code"}}` (`vllm_validation`); routes it
+does not have answer as FastAPI does (`{"detail": "Not Found"}`); `--api-key`
+guards the `/v1` routes only, with vLLM's own `{"error": "Unauthorized"}` 401.
 """
 
 from __future__ import annotations
@@ -20,27 +29,39 @@ from typing import Any
 
 from aiohttp import web
 
-from .answers import QUESTION_TYPES, count_tokens, question_tokens, text_of, usage, vllm_answer
+from .answers import count_tokens, question_tokens, text_of, usage, vllm_answer
 from .faults import respond
-from .recording import (
-    CLIENT_MAX_SIZE,
-    bearer_token,
-    is_missing,
-    json_response,
-    parse_json,
-    recording_middleware,
-)
+from .recording import CLIENT_MAX_SIZE, bearer_token, json_response, recording_middleware
 from .server import serve_forever
 from .vllm_decisions import add_decisions_route
 from .vllm_openai import add_openai_routes
 from .vllm_state import (
     JSON,
+    MAX_QUESTIONS,
     STATE_KEY,
     VllmError,
     VllmState,
+    context_error,
+    decisions_unsupported,
     default_model_options,
     default_vllm_models,
     error_response,
+)
+from .vllm_validation import (
+    AnyS,
+    BoolS,
+    DictS,
+    IntS,
+    ListS,
+    ModelS,
+    NullableS,
+    ParamError,
+    RequestInvalid,
+    StrS,
+    StructuredDecisionError,
+    check_cache_salt,
+    parse_body,
+    validate,
 )
 
 __all__ = [
@@ -53,185 +74,147 @@ __all__ = [
     "run_vllm_emulator",
 ]
 
-MAX_QUESTIONS = 64
-SCORE_LEVELS = (2, 10)
-QUESTION_FIELDS = frozenset({"type", "instructions", "criteria"})
-MEDIA_KEYS = ("images", "audio", "videos")
+# vllm/entrypoints/openai/decisions/question_types.py: the registered types and their labels.
+TYPE_LABELS = {"choice": 26, "noul": 2, "score": 10}
+MEDIA_KEYS = {"images": "image", "audio": "audio", "videos": "video"}
 GUARDED_PREFIXES = ("/v1", "/v2", "/inference", "/cohere")
+INT64 = 2**63
+
+# vllm/entrypoints/generate/structured_decisions/protocol.py: QuestionSpec (extra allowed: the
+# unknown fields are refused by serving.py) and StructuredDecisionRequest (extra="forbid").
+QUESTION_SPEC = ModelS("QuestionSpec", [("type", StrS(), True), ("instructions", AnyS(), False),
+                                        ("criteria", AnyS(), False)], forbid_extra=False)
+_URLS = NullableS(ListS(StrS()))
+STRUCTURED_DECISION_REQUEST = ModelS("StructuredDecisionRequest", [
+    ("model", NullableS(StrS()), False),
+    ("state", AnyS(), True),
+    ("questions", DictS(QUESTION_SPEC), True),
+    ("instructions", NullableS(StrS()), False),
+    ("images", _URLS, False),
+    ("audio", _URLS, False),
+    ("videos", _URLS, False),
+    ("chat_template_kwargs", NullableS(DictS(AnyS())), False),
+    ("joint", BoolS(), False),
+    ("cache_salt", NullableS(StrS()), False),
+    ("priority", IntS(ge=-INT64, le=INT64 - 1), False),
+    ("request_id", StrS(), False),
+], forbid_extra=True)
 
 
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object" if isinstance(value, dict) else "value"
+# -- question_types.py: build_question ------------------------------------------
 
 
-def _field_error(loc: str, msg: str) -> VllmError:
-    return VllmError(f"1 validation error for SystemOneRequest\n{loc}\n  {msg}")
-
-
-# -- request validation (what vLLM's pydantic model and handler check) --------
-
-
-def _check_question(qid: str, q: Any, opts: dict[str, Any]) -> None:
-    loc = f"questions.{qid}"
-    if not qid:
-        raise _field_error("questions", "Question ids must be non-empty strings")
-    if not isinstance(q, dict):
-        raise _field_error(loc, f"Input should be a valid dictionary, got {_kind(q)}")
-    extra = [k for k in q if k not in QUESTION_FIELDS]
-    if extra:
-        raise _field_error(f"{loc}.{extra[0]}", "Extra inputs are not permitted")
-    qtype = q.get("type")
-    if qtype not in QUESTION_TYPES:
-        raise _field_error(
-            f"{loc}.type",
-            "Input should be 'choice', 'noul' or 'score'" if "type" in q else "Field required",
-        )
-    instructions = q.get("instructions")
-    if isinstance(instructions, bool | int | float):
-        raise _field_error(f"{loc}.instructions", "Input should be a string, object or array")
-    if instructions is not None and not opts["instructions"]:
-        raise VllmError(f"Question '{qid}': this model does not accept instructions.")
-    criteria = q.get("criteria")
+def _options(qid: str, qtype: str, criteria: Any) -> list[str]:
+    """Each type's `parse_options`: the option names (their descriptions do not count here)."""
     if qtype == "choice":
-        if not isinstance(criteria, dict):
-            raise _field_error(f"{loc}.criteria", "Input should be a valid dictionary")
-        if any(v is not None and not isinstance(v, str) for v in criteria.values()):
-            raise _field_error(f"{loc}.criteria", "Option descriptions must be strings or null")
-        hi = int(opts["max_options"])
-        if not 1 <= len(criteria) <= hi:
-            raise VllmError(
-                f"Question '{qid}': a choice takes 1 to {hi} options, got {len(criteria)}."
-            )
-    elif qtype == "noul":
-        if criteria is not None:
-            if not isinstance(criteria, dict):
-                raise _field_error(f"{loc}.criteria", "Input should be a valid dictionary")
-            for key, value in criteria.items():
-                if key not in ("true", "false"):
-                    raise _field_error(f"{loc}.criteria.{key}", "Extra inputs are not permitted")
-                if value is not None and not isinstance(value, str):
-                    raise _field_error(f"{loc}.criteria.{key}", "Input should be a valid string")
-    else:
-        if not isinstance(criteria, list) or any(not isinstance(x, str) for x in criteria):
-            raise _field_error(f"{loc}.criteria", "Input should be a valid list of strings")
-        lo, hi = SCORE_LEVELS
-        if not lo <= len(criteria) <= hi:
-            raise VllmError(
-                f"Question '{qid}': a score takes {lo} to {hi} levels, got {len(criteria)}."
-            )
+        if not isinstance(criteria, dict) or not criteria:
+            raise StructuredDecisionError(f"question {qid!r}: choice criteria must map option names to "
+                                          "a description or null")
+        return [str(name) for name in criteria]
+    if qtype == "noul":
+        if criteria is not None and (not isinstance(criteria, dict) or not criteria.keys() <= {"true", "false"}):
+            raise StructuredDecisionError(f"question {qid!r}: noul criteria must be an object with true and false")
+        return ["yes", "no"]
+    if not isinstance(criteria, list) or len(criteria) < 2:
+        raise StructuredDecisionError(f"question {qid!r}: score criteria must be an ordered list of levels")
+    return [str(level) for level in criteria]
 
 
-def _check_body(payload: Any) -> None:
-    """Schema checks that do not depend on the model (pydantic's part)."""
-    if not isinstance(payload, dict):
-        raise _field_error("body", f"Input should be a valid dictionary, got {_kind(payload)}")
-    if (
-        "model" in payload
-        and payload["model"] is not None
-        and not isinstance(payload["model"], str)
-    ):
-        raise _field_error("model", "Input should be a valid string")
-    if "state" not in payload:
-        raise _field_error("state", "Field required")
-    if isinstance(payload["state"], bool | int | float):
-        raise _field_error("state", "Input should be a valid string, dictionary or list")
-    questions = payload.get("questions")
-    if "questions" not in payload:
-        raise _field_error("questions", "Field required")
-    if not isinstance(questions, dict):
-        raise _field_error("questions", "Input should be a valid dictionary")
-    salt = payload.get("cache_salt")
-    if "cache_salt" in payload and (not isinstance(salt, str) or not salt):
-        raise VllmError(
-            "Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt"
-        )
-    kwargs = payload.get("chat_template_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):
-        raise _field_error("chat_template_kwargs", "Input should be a valid dictionary")
-    for key in MEDIA_KEYS:
-        media = payload.get(key)
-        if media is not None and (
-            not isinstance(media, list) or any(not isinstance(x, str) for x in media)
-        ):
-            raise _field_error(key, "Input should be a valid list of strings")
+def build_question(qid: str, spec: dict[str, Any], opts: dict[str, Any]) -> None:
+    """question_types.py `build_question` with the model's DecisionLimits."""
+    if not qid:
+        raise StructuredDecisionError("question ids must be non-empty")
+    qtype = spec["type"]
+    if qtype not in TYPE_LABELS:
+        raise StructuredDecisionError(f"unknown question type {qtype!r}; supported: {sorted(TYPE_LABELS)}")
+    names = _options(qid, qtype, spec.get("criteria"))
+    if len(set(names)) != len(names):
+        raise StructuredDecisionError(f"question {qid!r}: duplicate option names")
+    labeled = bool(opts["instructions"])  # D3 scores its options without labels
+    limit = min(int(opts["max_options"]), TYPE_LABELS[qtype]) if labeled else int(opts["max_options"])
+    if len(names) > limit:
+        raise StructuredDecisionError(f"question {qid!r}: at most {limit} options for this model")
 
 
-def _check_for_model(model: str, payload: dict[str, Any], opts: dict[str, Any]) -> None:
-    questions: dict[str, Any] = payload["questions"]
-    if not 1 <= len(questions) <= MAX_QUESTIONS:
-        raise VllmError(
-            f"A request takes 1 to {MAX_QUESTIONS} questions, got {len(questions)}.",
-            param="questions",
-        )
-    for qid, q in questions.items():
-        _check_question(qid, q, opts)
-    for key in MEDIA_KEYS:
-        media = payload.get(key) or []
-        if media and key not in opts["media"]:
-            raise VllmError(f"Model `{model}` does not accept {key}.", param=key)
-        for item in media:
-            if not item.startswith(("data:", "http://", "https://")):
-                raise VllmError(
-                    f"Invalid {key} URL: expected a data: or http(s):// URL.", param=key
-                )
-    state_tokens = count_tokens(text_of(payload["state"]))
-    preamble_tokens = count_tokens(text_of(payload.get("instructions")))
-    limit = int(opts["max_model_len"])
-    for q in questions.values():
-        needed = question_tokens(state_tokens, q, preamble_tokens)
-        if needed + 1 > limit:
-            raise VllmError(
-                f"This model's maximum context length is {limit} tokens. However, your request "
-                f"has {needed} input tokens. Please reduce the length of the input messages."
-            )
+def parse_questions(questions: dict[str, Any], opts: dict[str, Any]) -> None:
+    """vllm/entrypoints/generate/structured_decisions/serving.py `parse_questions`."""
+    if not questions:
+        raise StructuredDecisionError("questions: needs at least one question")
+    if len(questions) > MAX_QUESTIONS:
+        raise StructuredDecisionError(f"questions: at most {MAX_QUESTIONS} for this model")
+    for qid, spec in questions.items():
+        extra = sorted(k for k in spec if k not in ("type", "instructions", "criteria"))
+        if extra:
+            raise StructuredDecisionError(f"question {qid!r}: unknown field(s) {extra}")
+        build_question(qid, spec, opts)
+
+
+def check_media_urls(media: dict[str, list[str]]) -> None:
+    """How vLLM's MediaConnector refuses a URL before fetching it
+    (vllm/multimodal/media/connector.py `load_from_url_async`); a read wraps it as "media: ..."."""
+    for urls in media.values():
+        for url in urls:
+            if url[:5].lower() == "data:":
+                spec, sep, _ = url[5:].partition(",")
+                if not sep:
+                    raise StructuredDecisionError(f"media: Invalid data URL {url[:32]!r}: missing ',' separator.")
+                if spec.rpartition(";")[2] != "base64" or ";" not in spec:
+                    raise VllmError("Only base64 data URLs are supported for now.", 501, "NotImplementedError")
+            elif not url.lower().startswith(("http://", "https://", "file:")):
+                raise StructuredDecisionError("media: The URL must be either a HTTP, data or file URL.")
 
 
 def decide(state: VllmState, body: bytes) -> web.Response:
-    """The `/v1/systemone` answer for `body`, validated as vLLM does."""
-    payload = parse_json(body)
+    """The `/v1/systemone` answer for `body`, refused as vLLM 0.33 refuses it."""
     try:
-        if is_missing(payload):
-            raise VllmError("JSON decode error" if body.strip() else "Field required: body")
-        _check_body(payload)
+        payload = parse_body(body)
+        check_cache_salt(payload)
+        validate(STRUCTURED_DECISION_REQUEST, payload)
         model = payload.get("model")
-        if model is None:
+        if model is None:  # BaseServing._is_model_supported: no model means the served one
             model = next(iter(state.models), "")
         if model not in state.models:
-            raise VllmError(
-                f"The model `{model}` does not exist.", 404, "NotFoundError", param="model"
-            )
+            raise state.unknown_model(model)
         opts = state.options(model)
-        if not opts["read_strategy"] or opts["task"] == "embed":
-            raise VllmError(
-                f"Model `{model}` has no read strategy for structured decisions.",
-                501,
-                "NotImplementedError",
-            )
-        _check_for_model(model, payload, opts)
-    except VllmError as exc:
+        if decisions_unsupported(opts, state):  # structured_decisions/api_router.py: no handler
+            raise VllmError("The model does not support the structured decision API", 501, "NotImplementedError")
+        questions: dict[str, Any] = payload["questions"]
+        # structured_decisions/serving.py `create_decision`, in its order.
+        parse_questions(questions, opts)
+        media = {MEDIA_KEYS[key]: payload[key] for key in MEDIA_KEYS if payload.get(key)}
+        modalities = {MEDIA_KEYS[key] for key in opts["media"]}
+        if unsupported := media.keys() - modalities:  # ServingStructuredDecisions._media
+            raise StructuredDecisionError(f"this model does not take {', '.join(sorted(unsupported))} inputs")
+        if payload.get("joint"):  # BaseServingDecisions._admit: only DiffusionGemma reads jointly
+            raise StructuredDecisionError("joint: this model reads each question on its own; "
+                                          "joint reads need DiffusionGemma")
+        if not opts["instructions"]:
+            if payload.get("instructions"):  # D3Strategy.read
+                raise StructuredDecisionError("this model reads a fixed prompt, so it takes no instructions")
+        elif (payload.get("chat_template_kwargs") or {}).get("enable_thinking"):  # NextTokenStrategy._read_request
+            raise StructuredDecisionError("a read is the reply's first token, so thinking must be off")
+        check_media_urls(media)
+        state_tokens = count_tokens(text_of(payload["state"]))
+        preamble_tokens = count_tokens(text_of(payload.get("instructions")))
+        for qid, q in questions.items():
+            error = context_error(qid, question_tokens(state_tokens, q, preamble_tokens), opts)
+            if error is not None:
+                raise error
+    except (RequestInvalid, ParamError, StructuredDecisionError, VllmError) as exc:
         return exc.response()
     answers: dict[str, Any] = {}
     diagnostics: dict[str, Any] = {}
-    for qid, q in payload["questions"].items():
+    for qid, q in questions.items():
         answers[qid], diagnostics[qid] = vllm_answer(payload["state"], q)
-    body_out = {
-        "id": f"decision-{uuid.uuid4().hex}",
+    body_out = {  # structured_decisions/protocol.py StructuredDecisionResponse
+        "id": f"decision-{payload.get('request_id') or uuid.uuid4().hex}",
         "object": "structured_decision",
         "created": int(time.time()),
         "model": model,
         "answers": answers,
-        "usage": usage(payload["state"], payload["questions"], payload.get("instructions")),
+        "usage": usage(payload["state"], questions, payload.get("instructions")),
         "diagnostics": diagnostics,
+        "joint": None,
     }
     return json_response(body_out, content_type=JSON)
 

@@ -1,190 +1,204 @@
-"""vLLM's OpenAI Decisions API, `POST /v1/decisions` (its text-only MVP).
+"""vLLM's OpenAI Decisions API, `POST /v1/decisions` (vllm/entrypoints/openai/decisions/).
 
-`input` is a string or a list of user messages with string content or `input_text` parts;
-questions are `predicate`, `choice` (values strings or booleans, 2 to the model's
-`max_options`, 26 labels) or `score` (2 to 10 levels), 1 to 64 of them. Fields outside the
-OpenAI schema are refused, except vLLM's `cache_salt`. Answers use the shared maths of
-`answers` (the same distribution as `/v1/systemone` for the same state, type, instructions and
-options) with vLLM's label confidence; usage counts one read per question. Errors have vLLM's
-`{"error": {"message", "type", "param", "code"}}` shape.
+The body is checked as `DecisionRequest` (protocol.py: every model `extra="forbid"`, strict
+strings and booleans, the length limits) and refused with vLLM's errors (`vllm_validation`).
+Each question is read as a label question (adapters.py `make_read_question`): a predicate as
+the choice `false`/`true` (labels A and B), a choice's values as their JSON text (`"true"` for
+the string, `true` for the boolean), a score's levels by their labels; at most 26 options. The
+input is the string, or the messages' texts (a message's `input_text` parts joined by "\\n", the
+messages by "\\n\\n"; adapters.py `input_text`). A read's probabilities are those `/v1/systemone`
+gives the same label question (`answers`): a choice question over the read's option names,
+with their descriptions. Answers follow adapters.py `make_answer` (a predicate's probability is
+that of `true`), and the body is serving.py's `DecisionResponse` (model, answers, usage; no id).
 """
 
 from __future__ import annotations
 
-import time
-import uuid
+import json
 from typing import Any
 
 from aiohttp import web
 
 from .answers import count_tokens, distribution, question_tokens
 from .faults import faulty_route
-from .recording import is_missing, json_response, parse_json
-from .vllm_state import JSON, STATE_KEY, VllmError, VllmState
+from .recording import json_response
+from .vllm_state import (
+    JSON,
+    MAX_QUESTIONS,
+    STATE_KEY,
+    VllmError,
+    VllmState,
+    context_error,
+    decisions_unsupported,
+)
+from .vllm_validation import (
+    BoolS,
+    ListS,
+    LiteralS,
+    ModelS,
+    NullableS,
+    ParamError,
+    RequestInvalid,
+    StrS,
+    StructuredDecisionError,
+    TaggedUnionS,
+    UnionS,
+    check_cache_salt,
+    parse_body,
+    validate,
+)
 
-MAX_QUESTIONS = 64
-LEVELS = (2, 10)
-FIELDS = frozenset({"model", "input", "questions", "safety_identifier", "prompt_cache_key",
-                    "prompt_cache_options", "cache_salt"})
-QUESTION_FIELDS = {"predicate": frozenset({"type", "name", "instructions"}),
-                   "choice": frozenset({"type", "name", "instructions", "choices"}),
-                   "score": frozenset({"type", "name", "instructions", "levels"})}
-SYSTEM_ONE_TYPE = {"predicate": "noul", "choice": "choice", "score": "score"}
+LABELS = 26  # question_types.py LABELS: A to Z
+
+# -- protocol.py --------------------------------------------------------------------------
+
+SHORT_TEXT = StrS(max_length=1048576)
+INPUT_TEXT = StrS(max_length=10485760)
 
 
-def _field_error(loc: str, msg: str) -> VllmError:
-    return VllmError(f"1 validation error for DecisionRequest\n{loc}\n  {msg}")
+def _reject_images(data: dict[str, Any]) -> None:
+    """DecisionInputMessage.reject_images."""
+    content = data.get("content")
+    if isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "input_image" for p in content):
+        raise ValueError("Decisions supports text input only; images are not supported")
 
 
-def _text(value: Any, loc: str) -> str:
-    """A string, or the text of `input_text` parts (joined by blank lines)."""
+def _validate_question(data: dict[str, Any]) -> None:
+    """QuestionBase.validate_name, then ChoiceQuestion.validate_choices."""
+    if "name" in data and data["name"] is None:
+        raise ValueError("name must be a string when provided")
+    if data.get("type") == "choice":
+        values = [(type(c["value"]), c["value"]) for c in data["choices"]]
+        if len(set(values)) != len(values):
+            raise ValueError("choice values must be distinct")
+
+
+INPUT_TEXT_PART = ModelS("DecisionInputText", [("type", LiteralS("input_text"), True),
+                                               ("text", INPUT_TEXT, True)], forbid_extra=True)
+INPUT_MESSAGE = ModelS("DecisionInputMessage", [
+    ("role", LiteralS("user"), True),
+    ("content", UnionS(INPUT_TEXT, ListS(INPUT_TEXT_PART, max_length=16384)), True),
+    ("type", LiteralS("message"), False),
+], forbid_extra=True, before=_reject_images)
+_BASE = [("instructions", SHORT_TEXT, True), ("name", NullableS(SHORT_TEXT), False)]
+CHOICE_OPTION = ModelS("ChoiceOption", [("value", UnionS(StrS(), BoolS()), True),
+                                        ("description", SHORT_TEXT, False)], forbid_extra=True)
+SCORE_LEVEL = ModelS("ScoreLevel", [("label", SHORT_TEXT, True), ("description", SHORT_TEXT, False)],
+                     forbid_extra=True)
+QUESTION = TaggedUnionS({
+    "predicate": ModelS("PredicateQuestion", [*_BASE, ("type", LiteralS("predicate"), True)],
+                        forbid_extra=True, after=_validate_question),
+    "choice": ModelS("ChoiceQuestion", [*_BASE, ("type", LiteralS("choice"), True),
+                                        ("choices", ListS(CHOICE_OPTION, min_length=2, max_length=255), True)],
+                     forbid_extra=True, after=_validate_question),
+    "score": ModelS("ScoreQuestion", [*_BASE, ("type", LiteralS("score"), True),
+                                      ("levels", ListS(SCORE_LEVEL, min_length=2, max_length=10), True)],
+                    forbid_extra=True, after=_validate_question),
+})
+DECISION_REQUEST = ModelS("DecisionRequest", [
+    ("model", SHORT_TEXT, True),
+    ("input", UnionS(INPUT_TEXT, ListS(INPUT_MESSAGE, max_length=131072)), True),
+    ("questions", ListS(QUESTION, min_length=1, max_length=200), True),
+    ("safety_identifier", NullableS(StrS(max_length=128)), False),
+    ("joint", BoolS(), False),
+    ("cache_salt", NullableS(StrS(min_length=1, max_length=1024)), False),
+], forbid_extra=True)
+
+# -- adapters.py ----------------------------------------------------------------------------
+
+
+def input_text(value: str | list[dict[str, Any]]) -> str:
+    """adapters.py `input_text`."""
     if isinstance(value, str):
         return value
-    if not isinstance(value, list) or not value:
-        raise _field_error(loc, "Input should be a valid string or a non-empty list of input_text parts")
-    texts = []
-    for i, part in enumerate(value):
-        if not isinstance(part, dict) or part.get("type") != "input_text" or not isinstance(part.get("text"), str):
-            raise VllmError(f"Unsupported content part at {loc}[{i}]: only input_text parts are supported.",
-                            param=f"{loc}[{i}]")
-        texts.append(part["text"])
-    return "\n\n".join(texts)
+    return "\n\n".join(
+        m["content"] if isinstance(m["content"], str) else "\n".join(p["text"] for p in m["content"])
+        for m in value
+    )
 
 
-def _input_text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list) or not value:
-        raise _field_error("input", "Input should be a valid string or a non-empty list of messages")
-    texts = []
-    for i, message in enumerate(value):
-        if (not isinstance(message, dict) or message.get("role") != "user"
-                or message.get("type", "message") != "message"
-                or set(message) - {"type", "role", "content"}):
-            raise VllmError(f"Unsupported input item at input[{i}]: only user messages are supported.",
-                            param=f"input[{i}]")
-        texts.append(_text(message.get("content"), f"input[{i}].content"))
-    return "\n\n".join(texts)
+def read_options(question: dict[str, Any]) -> list[tuple[str, str]]:
+    """adapters.py `make_read_question`: the read's options, (name, description), in order."""
+    if question["type"] == "predicate":
+        return [("false", ""), ("true", "")]
+    if question["type"] == "choice":
+        return [(json.dumps(c["value"], ensure_ascii=False), c.get("description", "")) for c in question["choices"]]
+    return [(level["label"], level.get("description", "")) for level in question["levels"]]
 
 
-def _check_question(i: int, q: Any, opts: dict[str, Any]) -> None:
-    loc = f"questions[{i}]"
-    if not isinstance(q, dict):
-        raise _field_error(loc, "Input should be a valid dictionary")
-    qtype = q.get("type")
-    if qtype not in QUESTION_FIELDS:
-        raise _field_error(f"{loc}.type", "Input should be 'predicate', 'choice' or 'score'")
-    extra = [k for k in q if k not in QUESTION_FIELDS[qtype]]
-    if extra:
-        raise _field_error(f"{loc}.{extra[0]}", "Extra inputs are not permitted")
-    if "instructions" not in q:
-        raise _field_error(f"{loc}.instructions", "Field required")
-    if not opts["instructions"]:
-        raise VllmError(f"Question {i}: this model does not accept instructions.", param=f"{loc}.instructions")
-    if "name" in q and q["name"] is not None and not isinstance(q["name"], str):
-        raise _field_error(f"{loc}.name", "Input should be a valid string")
-    if qtype == "choice":
-        choices = q.get("choices")
-        if not isinstance(choices, list):
-            raise _field_error(f"{loc}.choices", "Input should be a valid list")
-        hi = int(opts["max_options"])
-        if not 2 <= len(choices) <= hi:
-            raise VllmError(f"Question {i}: a choice takes 2 to {hi} choices, got {len(choices)}.",
-                            param=f"{loc}.choices")
-        seen: set[tuple[type, Any]] = set()
-        for j, choice in enumerate(choices):
-            value = choice.get("value") if isinstance(choice, dict) else None
-            if not isinstance(value, str | bool) or set(choice) - {"value", "description"}:
-                raise _field_error(f"{loc}.choices.{j}", "Input should be {value: string | boolean, description?}")
-            if (type(value), value) in seen:
-                raise VllmError(f"Question {i}: choice values must be unique.", param=f"{loc}.choices")
-            seen.add((type(value), value))
-    elif qtype == "score":
-        levels = q.get("levels")
-        if not isinstance(levels, list) or any(
-                not isinstance(lv, dict) or not isinstance(lv.get("label"), str) for lv in levels):
-            raise _field_error(f"{loc}.levels", "Input should be a valid list of {label, description?}")
-        lo, hi = LEVELS
-        if not lo <= len(levels) <= hi:
-            raise VllmError(f"Question {i}: a score takes {lo} to {hi} levels, got {len(levels)}.",
-                            param=f"{loc}.levels")
+def read_question(question: dict[str, Any]) -> dict[str, Any]:
+    """The `/v1/systemone` choice question that reads as this question does."""
+    return {"type": "choice", "instructions": question["instructions"],
+            "criteria": {name: desc or None for name, desc in read_options(question)}}
 
 
-def _criteria(q: dict[str, Any]) -> Any:
-    """What the shared answer maths reads for a question's options."""
-    if q["type"] == "choice":
-        return [[c["value"], c.get("description")] for c in q["choices"]]
-    if q["type"] == "score":
-        return [lv["label"] for lv in q["levels"]]
-    return None
+def read_prompt(text: str, question: dict[str, Any]) -> str:
+    """The user turn a next-token model reads for `question` (strategies.py `_content`,
+    question_types.py `QuestionType.prompt` with letter labels)."""
+    lines = [f"{chr(65 + i)}: {name} - {desc}" if desc else f"{chr(65 + i)}: {name}"
+             for i, (name, desc) in enumerate(read_options(question))]
+    lines.append("Answer with the letter of one option only.")
+    body = "\n".join(lines)
+    ask = f"Question: {question['instructions']}\n{body}" if question["instructions"] else body
+    return f"{text}\n\n{ask}"
 
 
-def _answer(state: str, q: dict[str, Any], instructions: str) -> dict[str, Any]:
-    qtype = q["type"]
-    d = distribution(state, SYSTEM_ONE_TYPE[qtype], instructions, _criteria(q))
-    name = q.get("name")
-    if qtype == "predicate":
-        return {"type": "predicate", "name": name, "probability": d.probs[0]}
-    if qtype == "choice":
-        values = [c["value"] for c in q["choices"]]
-        return {"type": "choice", "name": name, "choice": values[d.argmax], "confidence": d.label_confidence(),
-                "probabilities": [{"value": v, "probability": p} for v, p in zip(values, d.probs, strict=True)]}
-    labels = [lv["label"] for lv in q["levels"]]
-    return {"type": "score", "name": name, "score": d.expectation, "confidence": d.label_confidence(),
+def answer(text: str, question: dict[str, Any]) -> dict[str, Any]:
+    """adapters.py `make_answer` over the read's label probabilities."""
+    q = read_question(question)
+    d = distribution(text, "choice", q["instructions"], q["criteria"])
+    name = question.get("name")
+    if question["type"] == "predicate":
+        return {"type": "predicate", "name": name, "probability": d.probs[1]}
+    confidence = d.probs[d.argmax] * d.label_mass
+    if question["type"] == "choice":
+        values = [c["value"] for c in question["choices"]]
+        return {"type": "choice", "name": name, "choice": values[d.argmax],
+                "probabilities": [{"value": v, "probability": p} for v, p in zip(values, d.probs, strict=True)],
+                "confidence": confidence}
+    labels = [level["label"] for level in question["levels"]]
+    return {"type": "score", "name": name, "score": d.expectation,
             "probabilities": [{"value": i, "label": label, "probability": p}
-                              for i, (label, p) in enumerate(zip(labels, d.probs, strict=True))]}
-
-
-def _read_tokens(state_tokens: int, q: dict[str, Any], instructions: str) -> int:
-    criteria: Any = _criteria(q)
-    if q["type"] == "choice":
-        criteria = {str(value): desc for value, desc in criteria}
-    return question_tokens(state_tokens, {"type": SYSTEM_ONE_TYPE[q["type"]], "instructions": instructions,
-                                          "criteria": criteria})
+                              for i, (label, p) in enumerate(zip(labels, d.probs, strict=True))],
+            "confidence": confidence}
 
 
 def decide(state: VllmState, body: bytes) -> web.Response:
-    """The `/v1/decisions` answer for `body`, validated as vLLM does."""
-    payload = parse_json(body)
+    """The `/v1/decisions` answer for `body`, refused as vLLM 0.33 refuses it."""
     try:
-        if is_missing(payload) or not isinstance(payload, dict):
-            raise VllmError("JSON decode error" if body.strip() else "Field required: body")
-        extra = [k for k in payload if k not in FIELDS]
-        if extra:
-            raise _field_error(extra[0], "Extra inputs are not permitted")
-        for key in ("model", "input", "questions"):
-            if key not in payload:
-                raise _field_error(key, "Field required")
+        payload = parse_body(body)
+        check_cache_salt(payload)  # DecisionRequest.check_cache_salt_support
+        validate(DECISION_REQUEST, payload)
         model = payload["model"]
-        if not isinstance(model, str) or model not in state.models:
-            raise VllmError(f"The model `{model}` does not exist.", 404, "NotFoundError", param="model")
+        if model not in state.models:
+            raise state.unknown_model(model)
         opts = state.options(model)
-        if not opts["read_strategy"] or opts["task"] == "embed":
-            raise VllmError(f"Model `{model}` has no read strategy for structured decisions.", 501,
-                            "NotImplementedError")
-        salt = payload.get("cache_salt")
-        if "cache_salt" in payload and (not isinstance(salt, str) or not salt):
-            raise VllmError("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
-        text = _input_text(payload["input"])
-        questions = payload["questions"]
-        if not isinstance(questions, list) or not 1 <= len(questions) <= MAX_QUESTIONS:
-            raise VllmError(f"A request takes 1 to {MAX_QUESTIONS} questions.", param="questions")
-        for i, q in enumerate(questions):
-            _check_question(i, q, opts)
-        instructions = [_text(q["instructions"], f"questions[{i}].instructions") for i, q in enumerate(questions)]
+        # decisions/state.py: only a read strategy whose task is generate serves /v1/decisions.
+        if decisions_unsupported(opts, state) or not opts["instructions"]:
+            raise VllmError("The model does not support the Decisions API", 501, "NotImplementedError")
+        questions: list[dict[str, Any]] = payload["questions"]
+        # serving.py `create_decisions`, in its order.
+        if len(questions) > MAX_QUESTIONS:
+            raise StructuredDecisionError(f"questions: at most {MAX_QUESTIONS} for this model")
+        limit = min(int(opts["max_options"]), LABELS)
+        if any(len(read_options(q)) > limit for q in questions):
+            raise StructuredDecisionError(f"This model supports at most {limit} choices per question")
+        if payload.get("joint"):
+            raise StructuredDecisionError("joint: this model reads each question on its own; "
+                                          "joint reads need DiffusionGemma")
+        text = input_text(payload["input"])
         state_tokens = count_tokens(text)
-        reads = [_read_tokens(state_tokens, q, ins) for q, ins in zip(questions, instructions, strict=True)]
-        limit = int(opts["max_model_len"])
-        if max(reads) + 1 > limit:
-            raise VllmError(f"This model's maximum context length is {limit} tokens. However, your request "
-                            f"has {max(reads)} input tokens. Please reduce the length of the input.")
-    except VllmError as exc:
+        reads = [question_tokens(state_tokens, read_question(q)) for q in questions]
+        for i, tokens in enumerate(reads):
+            error = context_error(str(i), tokens, opts)
+            if error is not None:
+                raise error
+    except (RequestInvalid, ParamError, StructuredDecisionError, VllmError) as exc:
         return exc.response()
-    answers = [_answer(text, q, ins) for q, ins in zip(questions, instructions, strict=True)]
     tokens_in, tokens_out = sum(reads), len(questions)
-    return json_response({
-        "id": f"decision-{uuid.uuid4().hex}", "object": "decision", "created": int(time.time()),
-        "model": model, "answers": answers,
+    return json_response({  # protocol.py DecisionResponse
+        "model": model,
+        "answers": [answer(text, q) for q in questions],
         "usage": {"input_tokens": tokens_in, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                   "output_tokens": tokens_out, "output_tokens_details": {"reasoning_tokens": 0},
                   "total_tokens": tokens_in + tokens_out},

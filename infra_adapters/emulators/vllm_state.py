@@ -12,17 +12,23 @@ from aiohttp import web
 from .answers import count_tokens
 from .faults import Faults
 from .recording import RecordedRequest, json_response
+from .vllm_validation import ParamError, StructuredDecisionError, sanitize_message
 
 JSON = "application/json"
+MAX_QUESTIONS = 64  # DecisionLimits.max_questions of every read strategy (decisions/strategies.py)
+DECISION_LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")  # strategies.py LOGPROBS_MODES
 
 
 def default_model_options() -> dict[str, Any]:
     """Options of one served model; any key may be left out of `VllmState.models`."""
     return {
-        "read_strategy": True,  # False: /v1/systemone answers 501
+        "read_strategy": True,  # False: no read strategy, /v1/systemone and /v1/decisions answer 501
         "max_model_len": 4096,  # a read longer than this is a 400
-        "max_options": 26,  # labels A-Z
-        "instructions": True,  # False: question instructions are a 400 (fixed-prompt models)
+        "max_options": 26,  # at most this many options (labelled models: also at most their labels)
+        # False: a fixed-prompt model (vLLM's D3Strategy): the request's top-level `instructions`
+        # are a 400, options are scored without labels (up to `max_options`), and its read task is
+        # classify, so it serves no /v1/decisions (501).
+        "instructions": True,
         "media": [],  # which of "images", "audio", "videos" the model takes
         "root": None,  # model path shown by /v1/models (default: the id)
         "task": "generate",  # "generate": chat + decisions; "embed": embeddings only
@@ -51,9 +57,25 @@ class VllmState:
     prefix_caching: bool = False
     read_prompts: dict[str, list[str]] = field(default_factory=dict)  # per cache_salt, prompts read
     openai_decisions: bool = True  # False: a vLLM that predates /v1/decisions (FastAPI's route 404)
+    # --return-tokens-as-token-ids: chat logprobs spell tokens "token_id:N" (a request's own
+    # `return_tokens_as_token_ids` overrides it).
+    return_tokens_as_token_ids: bool = False
+    # --logprobs-mode: "raw_logprobs" (vLLM's default; logprobs before allowed_token_ids and
+    # temperature), "processed_logprobs" (after them), "raw_logits" / "processed_logits" (logits;
+    # structured decisions need a logprobs mode, so both decision APIs answer 501).
+    logprobs_mode: str = "raw_logprobs"
 
     def options(self, model_id: str) -> dict[str, Any]:
         return {**default_model_options(), **self.models.get(model_id, {})}
+
+    def valid_aliases(self) -> str:
+        """The served names, as vLLM lists them when a request names another model."""
+        return ", ".join(self.models)
+
+    def unknown_model(self, model: Any) -> VllmError:
+        """BaseServing._check_model (vllm/entrypoints/serve/engine/serving.py): the 404."""
+        return VllmError(f"The model `{model}` does not exist. Valid aliases: {self.valid_aliases()}.",
+                         404, "NotFoundError", param="model")
 
     def cached_tokens(self, salt: str | None, prompt: str) -> int:
         """The tokens of ``prompt`` found in the prefix cache: its longest common prefix with a
@@ -79,7 +101,8 @@ class VllmError(Exception):
         self.message, self.status, self.err_type, self.param = message, status, err_type, param
 
     def response(self) -> web.Response:
-        return error_response(self.message, self.status, self.err_type, self.param)
+        # error_response.py create_error_response: every message is sanitized
+        return error_response(sanitize_message(self.message), self.status, self.err_type, self.param)
 
 
 def error_response(
@@ -87,3 +110,35 @@ def error_response(
 ) -> web.Response:
     body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
     return json_response(body, status=status, content_type=JSON)
+
+
+def decisions_unsupported(opts: dict[str, Any], state: VllmState) -> bool:
+    """No read strategy (decisions/state.py `init_decisions_state` gets a ValueError): an
+    architecture without one, a pooling model, or a logits mode (strategies.py `select_read_strategy`)."""
+    return (not opts["read_strategy"] or opts["task"] == "embed"
+            or state.logprobs_mode not in DECISION_LOGPROBS_MODES)
+
+
+def context_error(qid: str, tokens: int, opts: dict[str, Any]) -> StructuredDecisionError | ParamError | None:
+    """A read of `tokens` prompt tokens the model cannot take. A next-token read fails in the engine
+    (vllm/v1/engine/input_processor.py `_validate_prompt_len`, a VLLMValidationError with no
+    parameter); D3Strategy.read checks it itself (decisions/strategies.py)."""
+    limit = int(opts["max_model_len"])
+    if not opts["instructions"]:
+        if tokens > limit:
+            return StructuredDecisionError(f"question {qid!r}: the prompt has {tokens} tokens, more than "
+                                           f"max_model_len={limit}; nothing is truncated")
+        return None
+    if tokens > limit:
+        suggestion = ("Make sure that `max_model_len` is no smaller than the number of text tokens plus "
+                      "multimodal tokens. For image inputs, the number of image tokens depends on the number "
+                      "of images, and possibly their aspect ratios as well." if "images" in opts["media"] else
+                      "Make sure that `max_model_len` is no smaller than the number of text tokens.")
+        return ParamError(f"The decoder prompt (length {tokens}) is longer than the maximum model length of "
+                          f"{limit}. {suggestion}")
+    if tokens == limit:
+        return ParamError(f"The decoder prompt (length {tokens}) plus the number of requested output tokens "
+                          f"(at least 1) is longer than the maximum model length of {limit}. Make sure that "
+                          "`max_model_len` is no smaller than the number of text tokens (prompt + requested "
+                          "output tokens).")
+    return None

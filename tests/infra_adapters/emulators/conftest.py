@@ -104,6 +104,7 @@ def _reset_ollama(state: OllamaState) -> None:
     state.required_bearer = None
     state.pull_seconds = 0.3
     state.pull_errors = {}
+    state.show_errors = {}
     state.pulling.clear()
     state.stream_delay = 0.0
     state.faults.reset()
@@ -118,5 +119,9 @@ def _reset_vllm(state: VllmState) -> None:
     state.openai_decisions = True
     state.label_mass = 0.9
     state.label_space_share = 0.0
+    state.prefix_caching = False
+    state.read_prompts.clear()
+    state.return_tokens_as_token_ids = False
+    state.logprobs_mode = "raw_logprobs"
     state.faults.reset()
     state.requests.clear()

@@ -40,17 +40,27 @@ def test_chat_completion(vllm_client: httpx.Client) -> None:
     data = resp.json()
     assert re.fullmatch(r"chatcmpl-[0-9a-f]{32}", data["id"])
     assert (data["object"], data["model"]) == ("chat.completion", MODEL)
+    # chat_completion/protocol.py ChatCompletionResponse as vLLM dumps it
+    assert set(data) == {"id", "object", "created", "model", "choices", "service_tier", "system_fingerprint",
+                         "usage", "prompt_logprobs", "prompt_token_ids", "prompt_text", "kv_transfer_params",
+                         "ec_transfer_params", "metrics"}
     (choice,) = data["choices"]
-    assert choice["message"]["role"] == "assistant"
-    assert choice["message"]["content"] == REPLY
-    assert choice["finish_reason"] == "stop" and choice["index"] == 0
+    assert set(choice) == {"index", "message", "logprobs", "finish_reason", "stop_reason", "token_ids",
+                           "routed_experts", "weight_versions"}
+    # ChatMessage: the reasoning is `reasoning`; an empty `tool_calls` is left out
+    assert choice["message"] == {"role": "assistant", "content": REPLY, "refusal": None, "annotations": None,
+                                 "audio": None, "function_call": None, "reasoning": None}
+    assert choice["finish_reason"] == "stop" and choice["index"] == 0 and choice["logprobs"] is None
     usage = data["usage"]
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert usage["prompt_tokens_details"] is None and usage["completion_tokens_details"] is None
     default_model = vllm_client.post("/v1/chat/completions", json={"messages": MESSAGES})
     assert default_model.json()["model"] == MODEL
     short = vllm_client.post("/v1/chat/completions", json=_chat(max_tokens=1)).json()
     assert short["choices"][0]["finish_reason"] == "length"
     assert short["usage"]["completion_tokens"] == 1
+    # OpenAIBaseModel allows unknown fields (they are ignored)
+    assert vllm_client.post("/v1/chat/completions", json=_chat(keep_alive=5, unknown=1)).status_code == 200
 
 
 def test_chat_stream_is_sse_ending_with_done(vllm_client: httpx.Client, vllm: VllmState) -> None:
@@ -74,16 +84,38 @@ def test_chat_stream_is_sse_ending_with_done(vllm_client: httpx.Client, vllm: Vl
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] > 0
 
 
+def _refused(resp: httpx.Response, message: str, param: str | None = None, status: int = 400,
+             err_type: str = "BadRequestError") -> None:
+    assert resp.status_code == status, resp.text
+    assert resp.json() == {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+
+
 def test_chat_errors(vllm_client: httpx.Client, vllm: VllmState) -> None:
-    message = _error(
-        vllm_client.post("/v1/chat/completions", json=_chat(model="x")), 404, "NotFoundError"
-    )
-    assert message == "The model `x` does not exist."
-    _error(vllm_client.post("/v1/chat/completions", json={"model": MODEL}), 400, "BadRequestError")
+    _refused(vllm_client.post("/v1/chat/completions", json=_chat(model="x")),
+             f"The model `x` does not exist. Valid aliases: {MODEL}.", "model", 404, "NotFoundError")
+    _refused(vllm_client.post("/v1/chat/completions", json={"model": MODEL}),
+             "1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', 'msg': 'Field required', "
+             "'input': '<dict of 1 items>'}", "body.messages", err_type="Bad Request")
+    _refused(vllm_client.post("/v1/chat/completions", json=_chat(max_tokens="x")),
+             "1 validation error:\n  {'type': 'int_parsing', 'loc': 'body.max_tokens', 'msg': 'Input should be a "
+             "valid integer, unable to parse string as an integer', 'input': 'x'}", "body.max_tokens",
+             err_type="Bad Request")
+    _refused(vllm_client.post("/v1/chat/completions", json=_chat(stream_options={"include_usage": True})),
+             "Stream options can only be defined when `stream=True`. (parameter=stream_options)", "stream_options")
+    _refused(vllm_client.post("/v1/chat/completions", json=_chat(tools=[])),
+             "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely. "
+             "(parameter=tools)", "tools")
+    _refused(vllm_client.post("/v1/chat/completions", json=_chat(max_tokens=0)),
+             "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", "max_tokens")
+    _refused(vllm_client.post("/v1/chat/completions", json=_chat(max_tokens=5000)),
+             "max_tokens=5000 cannot be greater than max_model_len=4096. Please request fewer output tokens. "
+             "(parameter=max_tokens, value=5000)", "max_tokens")
     vllm.models[MODEL]["max_model_len"] = 8
     long = _chat(messages=[{"role": "user", "content": "word " * 20}])
-    message = _error(vllm_client.post("/v1/chat/completions", json=long), 400, "BadRequestError")
-    assert "maximum context length is 8 tokens" in message
+    _refused(vllm_client.post("/v1/chat/completions", json=long),
+             "This model's maximum context length is 8 tokens. However, your prompt contains at least 9 input "
+             "tokens, which exceeds this limit even without any output tokens. Please reduce the length of the "
+             "input prompt. (parameter=input_tokens, value=9)", "input_tokens")
 
 
 def test_task_embed(vllm_client: httpx.Client, vllm: VllmState) -> None:
@@ -102,12 +134,11 @@ def test_task_embed(vllm_client: httpx.Client, vllm: VllmState) -> None:
 
     decision = {"model": EMBEDDER, "state": "s", "questions": {"q": {"type": "noul"}}}
     _error(vllm_client.post("/v1/systemone", json=decision), 501, "NotImplementedError")
+    # a model without the handler: the routers raise NotImplementedError, a 501
     chat = vllm_client.post("/v1/chat/completions", json=_chat(model=EMBEDDER))
-    assert _error(chat, 400, "BadRequestError") == (
-        "The model does not support Chat Completions API"
-    )
+    assert _error(chat, 501, "NotImplementedError") == "The model does not support Chat Completions API"
     generate = vllm_client.post("/v1/embeddings", json={"model": MODEL, "input": "x"})
-    assert _error(generate, 400, "BadRequestError") == "The model does not support Embeddings API"
+    assert _error(generate, 501, "NotImplementedError") == "The model does not support Embeddings API"
     no_input = vllm_client.post("/v1/embeddings", json={"model": EMBEDDER})
     _error(no_input, 400, "BadRequestError")
 
