@@ -8,8 +8,8 @@ For backends that speak only ``/v1/systemone`` (Ollama, Ollama Cloud, a vLLM wit
                                        typed values (see ``option_names``)
     score   (levels)     <-> score     criteria [level text]; probabilities by level index
 
-The state is the input's text: the string itself, or the texts of the messages and their
-``input_text`` parts joined by blank lines. Questions are asked under their ``name`` when it is
+The state is the input's text as vLLM reads it: the string itself, or the messages joined by
+blank lines, each message's ``input_text`` parts by "\\n". Questions are asked under their ``name`` when it is
 unique, else as ``questions[i]``; answers come back in question order either way.
 """
 
@@ -40,10 +40,11 @@ class Asked:
 
 
 def text_of(content: Any) -> str:
-    """A string, or the text of ``input_text`` parts joined by blank lines."""
+    """A string, or the text of ``input_text`` parts joined by "\\n", as vLLM joins the parts of
+    one message (``vllm/entrypoints/openai/decisions/adapters.py`` ``input_text``)."""
     if isinstance(content, str):
         return content
-    return "\n\n".join(part["text"] for part in content)
+    return "\n".join(part["text"] for part in content)
 
 
 def state_of(value: Any) -> str:

@@ -113,13 +113,14 @@ def test_input_messages_and_text_parts_are_one_state(stack: Stack) -> None:
                  "content": [{"type": "input_text", "text": "Part two."},
                              {"type": "input_text", "text": "Part three.", "prompt_cache_breakpoint": {"mode": "explicit"}}]}]
     from_messages = create(stack, input=messages)
-    from_text = create(stack, input="Part one.\n\nPart two.\n\nPart three.")
+    # Messages apart by a blank line, a message's parts by "\n", as vLLM's adapters.input_text.
+    from_text = create(stack, input="Part one.\n\nPart two.\nPart three.")
     states = [r["state"] for r in sent(stack.ollama_state, "/v1/systemone")]
-    assert states == ["Part one.\n\nPart two.\n\nPart three."] * 2
+    assert states == ["Part one.\n\nPart two.\nPart three."] * 2
     assert from_messages.answers == from_text.answers
     parts = [{"type": "input_text", "text": "Which"}, {"type": "input_text", "text": "team?"}]
     create(stack, questions=[{"type": "predicate", "instructions": parts}])
-    assert sent(stack.ollama_state, "/v1/systemone")[-1]["questions"]["questions[0]"]["instructions"] == "Which\n\nteam?"
+    assert sent(stack.ollama_state, "/v1/systemone")[-1]["questions"]["questions[0]"]["instructions"] == "Which\nteam?"
 
 
 def test_repeated_names_are_echoed_and_kept_apart(stack: Stack) -> None:
@@ -142,11 +143,15 @@ def test_vllm_gets_the_request_straight(vllm_stack: Stack) -> None:
     [forwarded] = sent(state, "/v1/decisions")
     salt = forwarded.pop("cache_salt")  # the project's prefix-cache salt, as /v1/systemone gets it
     assert isinstance(salt, str) and len(salt) == 64
+    # vLLM 0.33's DecisionRequest forbids prompt_cache_key: it is left out (the salt keeps the
+    # project's prefixes its own), the rest goes as it came.
     assert forwarded == {"model": QWEN, "input": TICKET, "questions": QUESTIONS,
-                         "safety_identifier": "end-user-7", "prompt_cache_key": "tickets"}
-    # Nothing of vLLM's answer is dropped.
+                         "safety_identifier": "end-user-7"}
+    # Nothing of vLLM's answer is dropped: vLLM 0.33's DecisionResponse is model, answers, usage.
     body = raw(vllm_stack, {"model": QWEN, "input": TICKET, "questions": QUESTIONS}).json()
-    assert body["object"] == "decision" and body["id"].startswith("decision-")
+    assert set(body) == {"model", "answers", "usage"}
+    assert set(body["usage"]) == {"input_tokens", "input_tokens_details", "output_tokens",
+                                  "output_tokens_details", "total_tokens"}
 
 
 def test_vllm_typed_values_and_the_same_shape_as_translated(vllm_stack: Stack, ollama: Any) -> None:
@@ -183,13 +188,26 @@ def test_a_vllm_error_keeps_its_status_and_message(vllm_stack: Stack) -> None:
     many = {"type": "choice", "instructions": "?", "choices": [{"value": f"o{i}"} for i in range(27)]}
     with pytest.raises(openai.BadRequestError) as info:
         create(vllm_stack, QWEN, questions=[many])  # 27 is within Arbiter's 255, over vLLM's 26 labels
-    assert "a choice takes 2 to 26 choices, got 27" in info.value.message
-    assert info.value.body == {"message": "Question 0: a choice takes 2 to 26 choices, got 27.",
-                               "type": "invalid_request_error", "param": "questions[0].choices", "code": None}
+    # vLLM 0.33's own words (openai/decisions/adapters.py make_read_question), as it sent them.
+    assert "This model supports at most 26 choices per question" in info.value.message
+    assert info.value.status_code == 400
+    # A model without any read strategy: /v1/decisions is a 501, and so is the /v1/systemone the
+    # request is then translated onto; that 501 comes back as vLLM sent it.
     vllm_stack.extra["state"].models[QWEN]["read_strategy"] = False
     response = raw(vllm_stack, {"model": QWEN, "input": TICKET, "questions": QUESTIONS})
-    error = openai_error(response, 501, "backend_error")
-    assert error["message"] == f"Model `{QWEN}` has no read strategy for structured decisions."
+    assert response.status_code == 501
+    assert [r.path for r in vllm_stack.extra["state"].requests[-2:]] == ["/v1/decisions", "/v1/systemone"]
+
+
+def test_a_501_from_vllms_decisions_route_is_translated_onto_systemone(vllm_stack: Stack) -> None:
+    """vLLM always registers /v1/decisions; a model whose read strategy is not a generate task
+    (D3, Clef) answers 501 there while its /v1/systemone works (openai/decisions/state.py)."""
+    state = vllm_stack.extra["state"]
+    state.models[QWEN]["instructions"] = False  # a fixed-prompt model, as vLLM's D3Strategy
+    decision = create(vllm_stack, QWEN)
+    assert decision.model == QWEN
+    check_answers(decision, ["damaged", "department", None], ["returns", "billing"])
+    assert [r.path for r in state.requests[-2:]] == ["/v1/decisions", "/v1/systemone"]
 
 
 def test_a_vllm_without_the_route_is_translated(vllm_stack: Stack) -> None:
