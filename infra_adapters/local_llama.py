@@ -14,8 +14,8 @@ Only the chat template's own text can become control tokens (``<|im_start|>``...
 contents, the tenant's state among them, are tokenized as plain text (``Piece``).
 
 It answers decisions by label reading only: ``read_with`` gives the labels' exact logprobs at
-the reply's first position from the full vocabulary's logits (no top-k cap), each label's summed
-over the one-token spellings label reading found for it with ``tokenize`` (``A`` and `` A``).
+the reply's first position from the full vocabulary's logits (no top-k cap), for the token each
+label adds after the chat template's generation prompt (``reply_label_ids_sync``, as vLLM finds it).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import math
 import re
 import secrets
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +71,7 @@ class LocalRead:
     # Never counted: the prefix reused is the previous read's, whoever sent it, so a count would
     # tell one tenant how another's prompt began.
     cached_tokens: int
+    bounded: tuple[str, ...] = ()  # every label's logprob is exact here
 
 
 def runtime_available() -> bool:
@@ -194,9 +195,25 @@ class LocalLlamaBackend:
                 tokens.extend(llm.tokenize(piece.text.encode(), add_bos=False, special=not piece.content))
         return tokens
 
+    def reply_label_ids_sync(self, labels: Sequence[str]) -> dict[str, list[int]]:
+        """Per label, the token it adds as the reply's first token after the chat template's
+        generation prompt, as vLLM's ``reply_label_ids`` finds it: the prompt's last template piece
+        tokenized with the label appended must be its own tokens and one more, distinct per label.
+        A label that is not is left out."""
+        llm = self._model()
+        render = self._template or _chat_template(llm.metadata)
+        tail = render([{"role": "user", "content": "x"}])[-1].text
+        base = list(llm.tokenize(tail.encode(), add_bos=False, special=True))
+        found: dict[str, list[int]] = {}
+        for label in labels:
+            ids = list(llm.tokenize((tail + label).encode(), add_bos=False, special=True))
+            if len(ids) == len(base) + 1 and ids[:-1] == base and all(ids[-1] not in t for t in found.values()):
+                found[label] = [int(ids[-1])]
+        return found
+
     def read_sync(self, messages: list[dict[str, Any]], labels: Sequence[str],
                   token_ids: Sequence[Sequence[int]], stop: threading.Event | None = None) -> LocalRead:
-        """``token_ids``: per label, the ids of its one-token spellings (``A``, `` A``). ``stop``,
+        """``token_ids``: per label, the ids its reply's first token can be. ``stop``,
         once set, ends the read (``_Abandoned``) before it starts or between two slices."""
         stop = stop or threading.Event()
         if stop.is_set():  # queued, and its waiter gave up before the worker got to it
@@ -257,7 +274,8 @@ class LocalReader:
         self._backend = backend
 
     async def read_with(self, options: CallOptions, messages: list[dict[str, Any]], labels: Sequence[str],
-                        token_ids: Sequence[Sequence[int]] | None = None) -> LocalRead:
+                        token_ids: Sequence[Sequence[int]] | None = None,
+                        template_kwargs: Mapping[str, Any] | None = None) -> LocalRead:
         if token_ids is None:  # label reading tokenizes every label first (``tokenize`` below)
             raise BackendProtocolError("the local runtime reads labels by their token ids, and none were given")
         stop = threading.Event()
@@ -273,15 +291,19 @@ class LocalReader:
     async def tokenize(self, text: str) -> list[int] | None:
         return await self._backend.run(self._backend.tokenize_sync, text)  # type: ignore[no-any-return]
 
+    async def reply_label_ids(self, labels: Sequence[str]) -> dict[str, list[int]] | None:
+        return await self._backend.run(self._backend.reply_label_ids_sync, list(labels))  # type: ignore[no-any-return]
+
     async def aclose(self) -> None:
         return None  # the model is the service backend's
 
 
 def _chat_template(metadata: dict[str, Any]) -> Callable[[list[dict[str, Any]]], list[Piece]]:
-    """A function from messages (the last one the assistant's prefilled reply) to the prompt's
-    pieces: the model's own chat template, continued after the prefill (vLLM's
-    continue_final_message). The template renders a sentinel (unguessable: a fresh nonce each time)
-    in place of each message's content; the text is cut after the prefill's and split on them."""
+    """A function from messages to the prompt's pieces: the model's own chat template up to its
+    generation prompt, thinking off (vLLM's ``add_generation_prompt``); where the last message is
+    the assistant's, continued after it instead (vLLM's ``continue_final_message``). The template
+    renders a sentinel (unguessable: a fresh nonce each time) in place of each message's content;
+    the text is split on them."""
     source = metadata.get("tokenizer.chat_template")
     if source:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -299,16 +321,21 @@ def _chat_template(metadata: dict[str, Any]) -> Callable[[list[dict[str, Any]]],
         nonce = secrets.token_hex(8)
         contents = {f"\x1f{nonce}.{i}\x1f": m["content"] for i, m in enumerate(messages)}
         masked = [{**m, "content": mark} for m, mark in zip(messages, contents)]
+        prefilled = masked[-1]["role"] == "assistant"
         if template is None:  # ChatML, the most common format of small instruct models
             text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in masked)
+            if not prefilled:
+                text += "<|im_start|>assistant\n"
         else:
-            text = template.render(messages=masked, add_generation_prompt=False, enable_thinking=False,
+            text = template.render(messages=masked, add_generation_prompt=not prefilled, enable_thinking=False,
                                    bos_token="", eos_token="")
-        prefill = masked[-1]["content"]
-        end = text.rfind(prefill)
-        if end < 0:
-            raise BackendProtocolError("the model's chat template dropped the prefilled reply")
-        parts = re.split("(" + "|".join(map(re.escape, contents)) + ")", text[: end + len(prefill)])
+        if prefilled:
+            prefill = masked[-1]["content"]
+            end = text.rfind(prefill)
+            if end < 0:
+                raise BackendProtocolError("the model's chat template dropped the prefilled reply")
+            text = text[: end + len(prefill)]
+        parts = re.split("(" + "|".join(map(re.escape, contents)) + ")", text)
         # re.split with one group: the template's text at even places, the sentinels at odd ones.
         return [Piece(contents[part], True) if i % 2 else Piece(part, False)
                 for i, part in enumerate(parts) if part]

@@ -3,8 +3,10 @@
 it by label reading (``labels.decide``) over what the service offers: an OpenAI-compatible chat
 with logprobs (vLLM, Ollama, llama.cpp's server) or the local runtime.
 
-Label token ids come from the model's own tokenizer (vLLM's ``/tokenize``, llama.cpp's), found
-once per model and cached; a backend without a tokenizer endpoint is read by token text.
+Label token ids come from the model's own tokenizer, found once per model and cached: the token
+each label adds after the model's generation prompt where the reader can render one (vLLM's
+``/tokenize`` of a chat, as vLLM's own ``reply_label_ids``; the local runtime), else each label's
+one-token spellings (``A``, `` A``); a backend without a tokenizer endpoint is read by token text.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -33,9 +35,6 @@ from infra_adapters.base import (
 from infra_adapters.vllm import salted
 
 log = logging.getLogger("arbiter.labels")
-# Every spelling of every label, tokenized once per model.
-ALL_SPELLINGS = tuple(spelling for label in (*labels.CHOICE_LABELS, *labels.NOUL_LABELS, *labels.SCORE_LABELS)
-                      for spelling in labels.spellings(label))
 
 
 class ModelReader(Protocol):
@@ -43,10 +42,16 @@ class ModelReader(Protocol):
     the model's tokenizer when the backend exposes it."""
 
     async def read_with(self, options: CallOptions, messages: list[dict[str, Any]], labels: Sequence[str],
-                        token_ids: Sequence[Sequence[int]] | None = None) -> labels.LabelRead: ...
+                        token_ids: Sequence[Sequence[int]] | None = None,
+                        template_kwargs: Mapping[str, Any] | None = None) -> labels.LabelRead: ...
 
     async def tokenize(self, text: str) -> list[int] | None:
         """The token ids of ``text`` without special tokens, or None when there is no tokenizer."""
+        ...
+
+    async def reply_label_ids(self, labels: Sequence[str]) -> dict[str, list[int]] | None:
+        """Per label, the token it adds as the reply's first token after the model's generation
+        prompt; None when the reader cannot render the model's chat prompt."""
         ...
 
     async def aclose(self) -> None: ...
@@ -59,8 +64,28 @@ class _Bound:
         self._reader, self._options = reader, options
 
     async def read(self, messages: list[dict[str, Any]], labels: Sequence[str],
-                   token_ids: Sequence[Sequence[int]] | None = None) -> labels.LabelRead:
-        return await self._reader.read_with(self._options, messages, labels, token_ids)
+                   token_ids: Sequence[Sequence[int]] | None = None,
+                   template_kwargs: Mapping[str, Any] | None = None) -> labels.LabelRead:
+        return await self._reader.read_with(self._options, messages, labels, token_ids, template_kwargs)
+
+
+async def spelled_label_ids(reader: ModelReader) -> dict[str, list[int]] | None:
+    """Per label, the ids of its one-token spellings (``labels.spellings``: ``A``, then `` A`` when
+    that is one other token); None without a tokenizer. A label that is not one token as written
+    is left out (a question that needs it is a 400)."""
+    spelled = [(label, spelling) for label in labels.ALL_LABELS for spelling in labels.spellings(label)]
+    found = await asyncio.gather(*(reader.tokenize(spelling) for _, spelling in spelled))
+    if any(ids is None for ids in found):
+        return None
+    by_label: dict[str, list[int]] = {}
+    for (label, spelling), ids in zip(spelled, found):
+        tokens = ids or []
+        if spelling == label:
+            if len(tokens) == 1:
+                by_label[label] = [int(tokens[0])]
+        elif label in by_label and len(tokens) == 1 and int(tokens[0]) not in by_label[label]:
+            by_label[label].append(int(tokens[0]))  # two tokens (a space, then the label) is no spelling
+    return by_label
 
 
 class LabelBackend:
@@ -103,13 +128,12 @@ class LabelBackend:
         return False  # label reading needs nothing of the backend's own decision endpoint
 
     async def token_ids(self) -> dict[str, list[int]] | None:
-        """The token ids of every spelling of every label from the model's tokenizer, read once
+        """Per label, the ids its reply's first token can be, from the model's tokenizer, read once
         (None: no tokenizer)."""
         async with self._tokenizer_lock:  # concurrent first requests share one lookup
             if not self._tokenizer_known:
-                found = await asyncio.gather(*(self._reader.tokenize(text) for text in ALL_SPELLINGS))
-                self._token_ids = (None if any(ids is None for ids in found)
-                                   else {text: ids for text, ids in zip(ALL_SPELLINGS, found) if ids is not None})
+                found = await self._reader.reply_label_ids(labels.ALL_LABELS)
+                self._token_ids = found if found is not None else await spelled_label_ids(self._reader)
                 self._tokenizer_known = True
         return self._token_ids
 

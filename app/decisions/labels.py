@@ -1,16 +1,26 @@
 """Label reading: any generation model answers System One questions (issue 10).
 
-Each question is one read. The prompt is the state (a string as-is, anything
-else as compact JSON), then the question's instructions and its options, each
-with a one-token label (``A``..``Z`` for a choice, in request order; ``yes`` /
-``no`` for a noul; ``0``..``9`` for score levels), then an instruction to
-answer with one label. The reply is prefilled so that the label is the very
-next token; the reader returns the log-probabilities of the label tokens at
-that position, and softmax over them gives the answer's probabilities.
+Each question is one read, written as vLLM 0.33's ``NextTokenStrategy`` writes it
+(``vllm/entrypoints/openai/decisions/strategies.py`` and ``question_types.py``), so that one
+model answers the same through this reader and through vLLM's own ``/v1/systemone``:
 
-The answer has the shape the vLLM emulator gives (``answers.vllm_answer``):
-``confidence`` is the chosen option's share of the labels times
-``label_mass``, the probability the model put on the labels at all.
+- the request's top-level ``instructions``, when given, as a system message;
+- one user message: the state (a string as it is, anything else as ``json.dumps`` writes it,
+  ``", "`` and ``": "`` between items, non-ASCII kept), a blank line, then the question:
+  ``Question: <instructions>`` when it has instructions, one line per option with its label
+  (``A: name - description`` for a choice, ``yes: description`` / ``no`` for a noul, ``0: level``
+  for a score; an empty description adds nothing), and the type's reply instruction;
+- the chat ends at the generation prompt (``add_generation_prompt``, thinking off), so the label
+  is the reply's first token. Labels: ``A``..``Z`` for a choice, in request order; ``yes`` /
+  ``no`` for a noul; ``0``..``9`` for score levels.
+
+Where vLLM writes a non-string instructions or description with Python's ``str()`` (a dict's
+repr), this reader writes JSON text, as it writes the state.
+
+The reader returns the log-probabilities of the label tokens at that position; softmax over them
+gives the answer's probabilities. The answer has vLLM's shape: ``confidence`` is the chosen
+option's share of the labels times ``label_mass``, the probability the model put on the labels
+at all.
 
 Pure domain code: the thing that reads logprobs is a ``LabelReader``
 (``infra_adapters.openai_logprobs`` speaks OpenAI-compatible chat completions).
@@ -19,6 +29,7 @@ Pure domain code: the thing that reads logprobs is a ``LabelReader``
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import string
 from collections.abc import Mapping, Sequence
@@ -31,16 +42,23 @@ from app.errors import InvalidRequest
 CHOICE_LABELS = tuple(string.ascii_uppercase)
 NOUL_LABELS = ("yes", "no")
 SCORE_LABELS = tuple(string.digits)
-PREFILL = "Answer:"
-INSTRUCTION = "Answer with one label only:"
+ALL_LABELS = (*CHOICE_LABELS, *NOUL_LABELS, *SCORE_LABELS)
+# question_types.py: each type's reply_instruction.
+REPLY_INSTRUCTIONS = {
+    "choice": "Answer with the letter of one option only.",
+    "noul": "Answer with yes or no only.",
+    "score": "Answer with the number of one level only.",
+}
+# strategies.py ReadPromptRequest: thinking off, the prompt ends at the generation prompt.
+CHAT_OPTIONS = {"add_generation_prompt": True, "continue_final_message": False}
 
 
 class LabelRead(Protocol):
     """What one read gives: the labels' logprobs at the reply's first position.
 
-    ``logprobs`` holds only the labels the reader could read exactly; a label
-    missing from it makes the question unanswerable (a 400).
-    """
+    ``logprobs`` holds only the labels the reader could read; a label missing from it makes the
+    question unanswerable (a 400). ``bounded`` names the labels whose logprob is an upper bound
+    (the backend ranked them below its last reported token: Ollama reports at most 20)."""
 
     @property
     def logprobs(self) -> Mapping[str, float]: ...
@@ -59,29 +77,50 @@ class LabelRead(Protocol):
         ...
 
     @property
-    def argmax_is_label(self) -> bool:
-        """The most probable token of the whole vocabulary is a label."""
+    def argmax_is_label(self) -> bool | None:
+        """The most probable token of the whole vocabulary is a label (None: not known)."""
         ...
+
+    @property
+    def bounded(self) -> Sequence[str]: ...
 
 
 class LabelReader(Protocol):
-    """Reads the first-token logprobs of ``labels`` after ``messages`` (the reply prefilled)."""
+    """Reads the first-token logprobs of ``labels`` after ``messages`` (the chat ends at the
+    generation prompt)."""
 
     async def read(self, messages: list[dict[str, Any]], labels: Sequence[str],
-                   token_ids: Sequence[Sequence[int]] | None = None) -> LabelRead:
-        """``token_ids``: per label, in order, the ids of its one-token spellings (``spellings``;
-        the label as written first), when the model's tokenizer is known."""
+                   token_ids: Sequence[Sequence[int]] | None = None,
+                   template_kwargs: Mapping[str, Any] | None = None) -> LabelRead:
+        """``token_ids``: per label, in order, the ids its reply's first token can be, when the
+        model's tokenizer is known. ``template_kwargs``: the request's ``chat_template_kwargs``."""
         ...
 
 
 # -- prompts -------------------------------------------------------------------
 
 
+def _json_text(value: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False)`` as vLLM's ``state_text`` writes the state it parsed
+    (``jsonbody`` keeps floats as ``orjson.Fragment``: written as the float vLLM would have read)."""
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k), ensure_ascii=False)}: {_json_text(v)}"
+                               for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_json_text(v) for v in value) + "]"
+    if isinstance(value, orjson.Fragment):  # vLLM parses the number, then writes Python's repr of it
+        text = orjson.dumps(value).decode()
+        return json.dumps(float(text)) if any(c in text for c in ".eE") else text
+    return json.dumps(value, ensure_ascii=False)
+
+
 def content_text(value: Any) -> str:
-    """A state or instructions value as prompt text: a string as-is, anything else compact JSON."""
+    """A state, instructions or description as prompt text: a string as-is, anything else JSON."""
     if isinstance(value, str):
         return value
-    return orjson.dumps(value).decode()
+    return _json_text(value)
 
 
 def labels_for(qid: str, question: Mapping[str, Any]) -> tuple[str, ...]:
@@ -103,71 +142,87 @@ def labels_for(qid: str, question: Mapping[str, Any]) -> tuple[str, ...]:
     return CHOICE_LABELS[:len(criteria)]
 
 
+def _described(value: Any) -> str | None:
+    """A description as the prompt shows it; None (and "") show none (question_types.py)."""
+    if value is None:
+        return None
+    return content_text(value) or None
+
+
 def option_lines(question: Mapping[str, Any], labels: Sequence[str]) -> list[str]:
+    """question_types.py ``reply_line`` per type."""
     qtype = question["type"]
     criteria: Any = question.get("criteria")
     if qtype == "choice":
-        return [f"{label}: {name}" + (f" - {desc}" if desc is not None else "")
-                for label, (name, desc) in zip(labels, criteria.items())]
+        lines = []
+        for label, (name, desc) in zip(labels, criteria.items()):
+            text = _described(desc)
+            lines.append(f"{label}: {name} - {text}" if text else f"{label}: {name}")
+        return lines
     if qtype == "score":
-        return [f"{label}: {level}" for label, level in zip(labels, criteria)]
+        return [f"{label}: {content_text(level)}" for label, level in zip(labels, criteria)]
     criteria = criteria or {}
-    return [f"{label}" + (f": {criteria[key]}" if key in criteria else "")
-            for label, key in zip(labels, ("true", "false"))]
+    lines = []
+    for label, key in zip(labels, ("true", "false")):
+        text = _described(criteria.get(key))
+        lines.append(f"{label}: {text}" if text else label)
+    return lines
+
+
+def question_text(question: Mapping[str, Any], labels: Sequence[str]) -> str:
+    """QuestionType.prompt: the heading (when there are instructions), the options, the reply
+    instruction."""
+    body = "\n".join([*option_lines(question, labels), REPLY_INSTRUCTIONS[question["type"]]])
+    instructions = question.get("instructions")
+    text = "" if instructions is None else content_text(instructions)
+    return f"Question: {text}\n{body}" if text else body
 
 
 def prompt_text(state: Any, question: Mapping[str, Any], labels: Sequence[str]) -> str:
-    """The user message of one read: the state first, so every read of a request shares a prefix."""
-    parts = [content_text(state), ""]
-    instructions = question.get("instructions")
-    if instructions is not None:
-        parts.append(content_text(instructions))
-    parts.append("Options:")
-    parts.extend(option_lines(question, labels))
-    parts.append(f"{INSTRUCTION} {', '.join(labels)}.")
-    return "\n".join(parts)
+    """The user message of one read (NextTokenStrategy._content): the state first, so every read
+    of a request shares a prefix."""
+    return f"{content_text(state)}\n\n{question_text(question, labels)}"
 
 
-def messages_for(state: Any, question: Mapping[str, Any], labels: Sequence[str]) -> list[dict[str, Any]]:
-    """The chat of one read: the prompt, and the assistant's reply prefilled up to the label."""
-    return [{"role": "user", "content": prompt_text(state, question, labels)},
-            {"role": "assistant", "content": PREFILL}]
+def messages_for(state: Any, question: Mapping[str, Any], labels: Sequence[str],
+                 instructions: Any = None) -> list[dict[str, Any]]:
+    """The chat of one read: the request's instructions as a system message when given, then the
+    prompt; the reply is the model's (the label its first token)."""
+    messages = [{"role": "user", "content": prompt_text(state, question, labels)}]
+    system = "" if instructions is None else content_text(instructions)
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
+    return messages
 
 
 def spellings(label: str) -> tuple[str, str]:
-    """The ways a label can come as the reply's first token: as written, and after ``Answer:`` with
-    the leading space a BPE or SentencePiece tokenizer folds into the token (`` A``, ``ĠA``, ``▁A``)."""
+    """Where the model's tokenizer cannot be asked what a label's reply token is: the ways a label
+    can come as the reply's first token, as written and with the leading space a BPE or
+    SentencePiece tokenizer may fold into the token (`` A``, ``ĠA``, ``▁A``)."""
     return label, " " + label
 
 
 def label_token_ids(qid: str, labels: Sequence[str],
                     token_ids: Mapping[str, Sequence[int]] | None) -> list[list[int]] | None:
-    """Per label, the ids of its one-token spellings, from the model's tokenizer (``token_ids``:
-    spelling -> its tokens); a label that is not one token as written is a 400."""
+    """Per label, the ids its reply's first token can be (``token_ids``: label -> ids, from the
+    model's tokenizer); a label the tokenizer has no one token for is a 400."""
     if token_ids is None:
         return None
     found: list[list[int]] = []
     for label in labels:
-        tokens = list(token_ids.get(label, ()))
-        if len(tokens) != 1:
+        ids = [int(token) for token in token_ids.get(label, ())]
+        if not ids:
             raise InvalidRequest(
-                f"questions.{qid}: the label {label!r} is not a single token for this model "
-                f"(token ids {tokens}), so it cannot be read as the reply's first token")
-        ids = [int(tokens[0])]
-        for spelling in spellings(label)[1:]:
-            tokens = list(token_ids.get(spelling, ()))
-            # Two tokens (a space, then the label) is no spelling of the label's; one token may be
-            # the label's own id (a SentencePiece tokenizer adds the space to both).
-            if len(tokens) == 1 and int(tokens[0]) not in ids:
-                ids.append(int(tokens[0]))
+                f"questions.{qid}: the label {label!r} is not a single token for this model, so it "
+                "cannot be read as the reply's first token")
         found.append(ids)
     return found
 
 
 def refuse_thinking(body: Mapping[str, Any]) -> None:
-    """Thinking is always off in a read (vLLM gets ``enable_thinking: false``): the label is the
-    reply's first token, where a thinking model would start its reasoning. A request that turns it
-    on is a 400, not silently read without it; the template's other kwargs have no effect."""
+    """Thinking is always off in a read (``enable_thinking: false``): the label is the reply's
+    first token, where a thinking model would start its reasoning. A request that turns it on is
+    a 400 (vLLM's own ``_read_request`` refuses it too), not silently read without it."""
     kwargs = body.get("chat_template_kwargs")
     if isinstance(kwargs, Mapping) and kwargs.get("enable_thinking") not in (None, False):
         raise InvalidRequest(
@@ -193,15 +248,19 @@ def answer_from_read(qid: str, question: Mapping[str, Any], labels: Sequence[str
     if missing:
         raise InvalidRequest(
             f"questions.{qid}: the label(s) {', '.join(missing)} cannot be read exactly: the backend "
-            "did not return their logprobs (they fell out of top_logprobs and it takes no "
-            "logprob_token_ids)")
+            "did not return their logprobs")
     probs = softmax([read.logprobs[label] for label in labels])
     best = 0
     for i, p in enumerate(probs):
         if p > probs[best]:
             best = i
     confidence = min(1.0, max(0.0, probs[best] * read.label_mass))
-    diagnostics = {"label_mass": read.label_mass, "argmax_is_label": read.argmax_is_label}
+    diagnostics: dict[str, Any] = {"label_mass": read.label_mass}
+    if read.argmax_is_label is not None:  # never a value that could not have been false
+        diagnostics["argmax_is_label"] = read.argmax_is_label
+    bounded = [label for label in labels if label in read.bounded]
+    if bounded:  # ranked below the backend's last reported token: at most that token's logprob
+        diagnostics["bounded_labels"] = bounded
     qtype = question["type"]
     if qtype == "noul":
         return {"type": "noul", "noul": probs[0], "probabilities": {"yes": probs[0], "no": probs[1]},
@@ -219,17 +278,20 @@ def answer_from_read(qid: str, question: Mapping[str, Any], labels: Sequence[str
 async def decide(body: Mapping[str, Any], reader: LabelReader,
                  token_ids: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
     """``answers``, ``usage`` and ``diagnostics`` for a System One request already validated
-    (``app.decisions.schema.validate``). ``token_ids``: every spelling of every label (``spellings``)
-    -> its tokens, when the model's tokenizer is known. Every question is checked before any read
-    is sent."""
+    (``app.decisions.schema.validate``). ``token_ids``: label -> the ids its reply's first token
+    can be, when the model's tokenizer is known. Every question is checked before any read is sent."""
     refuse_thinking(body)
     state = body["state"]
+    instructions = body.get("instructions")
+    kwargs = body.get("chat_template_kwargs")
+    template_kwargs = kwargs if isinstance(kwargs, Mapping) else None
     questions: Mapping[str, Mapping[str, Any]] = body["questions"]
     plans = []
     for qid, question in questions.items():
         labels = labels_for(qid, question)
         plans.append((qid, question, labels, label_token_ids(qid, labels, token_ids)))
-    tasks = [asyncio.ensure_future(reader.read(messages_for(state, question, labels), labels, ids))
+    tasks = [asyncio.ensure_future(reader.read(messages_for(state, question, labels, instructions), labels, ids,
+                                               template_kwargs))
              for _, question, labels, ids in plans]
     try:
         reads = await asyncio.gather(*tasks)

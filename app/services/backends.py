@@ -21,6 +21,8 @@ _ADAPTERS: dict[str, type[OllamaBackend | VllmBackend | OpenAICompatBackend | Lo
 }
 PROVIDER_NAMES = {"ollama": "ollama", "ollama-external": "ollama", "ollama-cloud": "ollama_cloud",
                   "vllm": "vllm", "openai": "openai", "local": "local"}
+# How each type's chat is read for labels (infra_adapters.openai_logprobs).
+_DIALECTS = {"vllm": "vllm", "ollama": "ollama", "ollama-external": "ollama", "ollama-cloud": "ollama"}
 LABEL_READ_REPLY_BYTES = 1 << 20  # one first-token answer with its top logprobs
 
 
@@ -36,10 +38,12 @@ def make_backend(service_type: str, url: str, credential: str | None, settings: 
 def label_reader(service_type: str, backend: Backend, model: str, credential: str | None,
                  settings: Settings) -> ModelReader:
     """What reads label logprobs of ``model`` on a service: its OpenAI-compatible chat with
-    logprobs (vLLM with its extras and tokenizer; Ollama's /v1 without), or the local runtime."""
+    logprobs (vLLM with its extras and tokenizer; Ollama's /v1 with thinking off), or the local
+    runtime."""
     if isinstance(backend, LocalLlamaBackend):
         return backend.reader()
     options = CallOptions(timeout=settings.backend_timeout, max_reply_bytes=LABEL_READ_REPLY_BYTES)
-    return OpenAILogprobsReader(backend.url, model, options, vllm=service_type == "vllm", credential=credential,
+    return OpenAILogprobsReader(backend.url, model, options, dialect=_DIALECTS.get(service_type, "openai"),
+                                credential=credential,
                                 connect_timeout=settings.backend_connect_timeout,
                                 admin_timeout=settings.backend_admin_timeout, pool_size=settings.backend_pool_size)

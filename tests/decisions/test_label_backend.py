@@ -65,21 +65,26 @@ def test_a_vllm_generation_model_answers_by_label_reading(vllm_stack: Stack) -> 
 
     sent = state.requests[before:]
     assert "/v1/systemone" not in [r.path for r in sent]  # read by labels, not by the backend's route
-    tokenized = [r.json["prompt"] for r in sent if r.path == "/tokenize"]
+    tokenize = [r.json for r in sent if r.path == "/tokenize"]
+    # vLLM's way first (a probe chat up to the generation prompt, as its reply_label_ids); the
+    # emulator cannot render chats, so each label's spellings are tokenized instead.
+    assert tokenize[0]["messages"] == [{"role": "user", "content": "x"}] and tokenize[0]["add_generation_prompt"]
+    tokenized = [r.get("prompt") for r in tokenize[1:]]
     assert "A" in tokenized and "yes" in tokenized and "0" in tokenized
     reads = [r.json for r in sent if r.path == "/v1/chat/completions"]
     assert len(reads) == 3
     salt = TenantSalts(vllm_stack.gateway.settings).of(_project_id(vllm_stack))
     for read in reads:
         assert read["max_tokens"] == 1 and read["temperature"] == 0 and read["top_logprobs"] == 20
-        assert read["continue_final_message"] is True and read["add_generation_prompt"] is False
+        assert read["continue_final_message"] is False and read["add_generation_prompt"] is True
         assert read["chat_template_kwargs"] == {"enable_thinking": False}
-        assert read["messages"][0]["content"].startswith('{"ticket":"My card was charged twice."}')
-        assert read["messages"][-1] == {"role": "assistant", "content": "Answer:"}
-        assert read["cache_salt"] == salt
-    choice = next(r for r in reads if "Options:\nA: billing" in r["messages"][0]["content"])
+        assert read["messages"][0]["content"].startswith('{"ticket": "My card was charged twice."}\n\nQuestion: ')
+        assert [m["role"] for m in read["messages"]] == ["user"]  # the reply is the model's: no prefill
+        assert read["cache_salt"] == salt and read["return_tokens_as_token_ids"] is True
+        assert "allowed_token_ids" not in read  # no mask: the sampled token is the true argmax
+    choice = next(r for r in reads if "\nA: billing - payments and refunds\nB: shipping\n" in r["messages"][0]["content"])
     both = [token_id("A"), token_id(" A"), token_id("B"), token_id(" B")]  # each label, then its " X" spelling
-    assert choice["logprob_token_ids"] == both == choice["allowed_token_ids"]
+    assert choice["logprob_token_ids"] == both
 
     # The tokenizer is read once per model: a second request asks for no token ids.
     again = len(state.requests)
@@ -138,7 +143,9 @@ def test_thinking_stays_off_and_turning_it_on_is_a_400(vllm_stack: Stack) -> Non
         QWEN, chat_template_kwargs={"enable_thinking": False, "custom": 1}))
     assert off.status_code == 200, off.text
     reads = [r.json for r in state.requests[before:] if r.path == "/v1/chat/completions"]
-    assert len(reads) == 3 and all(r["chat_template_kwargs"] == {"enable_thinking": False} for r in reads)
+    # The request's other kwargs go along, as vLLM merges them; thinking stays off.
+    assert len(reads) == 3 and all(r["chat_template_kwargs"] == {"enable_thinking": False, "custom": 1}
+                                   for r in reads)
 
 
 def _cached(state: VllmState, reads: int) -> int:

@@ -72,6 +72,21 @@ def test_the_prompt_continues_the_prefilled_reply() -> None:
     assert [piece.text for piece in rendered if piece.content] == [m["content"] for m in messages]
 
 
+def test_the_prompt_ends_at_the_generation_prompt() -> None:
+    """Label reading's chat (no prefill): the template's generation prompt, thinking off, ends the
+    prompt, as vLLM's add_generation_prompt renders it."""
+    messages = [{"role": "system", "content": "triage"}, {"role": "user", "content": "state"}]
+    assert _chat_template({})(messages) == [
+        Piece("<|im_start|>system\n", False), Piece("triage", True), Piece("<|im_end|>\n<|im_start|>user\n", False),
+        Piece("state", True), Piece("<|im_end|>\n<|im_start|>assistant\n", False)]
+    template = ("{% for m in messages %}[{{ m.role }}]{{ m.content }}</s>{% endfor %}"
+                "{% if add_generation_prompt %}[assistant]{% if enable_thinking is false %}<think></think>"
+                "{% endif %}{% endif %}")
+    rendered = _chat_template({"tokenizer.chat_template": template})(messages[1:])
+    assert "".join(piece.text for piece in rendered) == "[user]state</s>[assistant]<think></think>"
+    assert rendered[-1] == Piece("</s>[assistant]<think></think>", False)
+
+
 def test_the_messages_are_content_pieces_whatever_text_they_hold() -> None:
     """Only the template's own pieces may become control tokens (special=True); a state that
     imitates the template stays one content piece, and its "Answer:" is not the prefill's."""
@@ -213,14 +228,13 @@ def test_control_tokens_in_a_state_stay_text() -> None:
         controls = llm.tokenize(b"<|im_start|><|im_end|><|endoftext|>", add_bos=False, special=True)
         assert len(controls) == 3
         plain, injected = await prompt_of(SHORT), await prompt_of({**SHORT, "state": INJECTION})
-        # The control tokens are the template's own (a system turn, the user's, the prefilled
-        # assistant's), as many with the injection as without.
+        # The control tokens are the template's own (a system turn, the user's, the generation
+        # prompt's), as many with the injection as without.
         for control in controls:
             assert injected.count(control) == plain.count(control), control
         assert plain.count(controls[0]) == 3
         # A state without control text is read as before: one tokenization of the rendered prompt.
-        messages = [{"role": "user", "content": labels.prompt_text(TICKET, QUESTIONS["refund"], ("yes", "no"))},
-                    {"role": "assistant", "content": labels.PREFILL}]
+        messages = labels.messages_for(TICKET, QUESTIONS["refund"], ("yes", "no"))
         text = "".join(piece.text for piece in _chat_template(llm.metadata)(messages))
         assert plain == llm.tokenize(text.encode(), add_bos=True, special=True)
 
