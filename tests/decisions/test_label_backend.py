@@ -213,6 +213,9 @@ def test_an_ollama_too_old_for_decision_models_answers_through_labels(
     _check_answer(response.json(), state.label_mass)
     reads = [r.json for r in state.requests[before:] if r.path == "/v1/chat/completions"]
     assert len(reads) == 3 and all("logprob_token_ids" not in r and "cache_salt" not in r for r in reads)
+    # Thinking off in Ollama's words: its openai/openai.go reads reasoning_effort "none" as think false
+    # (thinking models think by default, and the one token read would be reasoning).
+    assert all(r["reasoning_effort"] == "none" and "chat_template_kwargs" not in r for r in reads)
     # Turned off again, it is a chat model once more.
     off = stack.client("admin").patch(f"/admin/models/{_model_id(stack, 'llama3.2')}", json={"read_strategy": None})
     assert off.status_code == 200 and off.json()["read_strategy"] is None

@@ -239,3 +239,24 @@ def test_control_tokens_in_a_state_stay_text() -> None:
         assert plain == llm.tokenize(text.encode(), add_bos=True, special=True)
 
     asyncio.run(scenario())
+
+
+@needs_runtime
+def test_each_label_is_the_token_it_adds_after_the_generation_prompt() -> None:
+    """As vLLM's reply_label_ids: one distinct token per label, which the model's tokenizer gives
+    the label right after ``<|im_start|>assistant\\n``; the read then answers from those ids."""
+    async def scenario() -> None:
+        backend = LocalLlamaBackend(URL)
+        labelled = LabelBackend(backend, MODEL, backend.reader())
+        found = await labelled.token_ids()
+        assert found is not None and set(found) == set(labels.ALL_LABELS)
+        ids = [tokens[0] for tokens in found.values()]
+        assert all(len(tokens) == 1 for tokens in found.values()) and len(set(ids)) == len(ids)
+        llm = backend._model()
+        for label, [token] in found.items():
+            assert llm.detokenize([token]).decode() == label
+        answer = await answers_of(labelled, SHORT)
+        assert set(answer["answers"]) == {"team", "refund"}
+        await backend.aclose()
+
+    asyncio.run(scenario())
