@@ -245,7 +245,8 @@ def parse_first_token(first: dict[str, Any], labels: Sequence[str], token_ids: S
             if parts:
                 logprobs[label] = _logsumexp([max(p, FLOOR) for p in parts])
         floor = min((lp for _, lp in entries), default=None)
-        if floor is not None and len(entries) >= TOP_LOGPROBS:
+        full = len(first.get("top_logprobs") or ()) >= TOP_LOGPROBS  # the list, not the sampled token
+        if floor is not None and full:
             for label in labels:  # ranked below every reported token: at most the last one's logprob
                 if label not in logprobs:
                     logprobs[label] = max(floor, FLOOR)

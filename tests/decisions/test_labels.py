@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import string
 from collections.abc import Mapping, Sequence
@@ -11,25 +12,27 @@ from typing import Any
 import pytest
 
 from app.decisions import labels
+from app.decisions.label_backend import spelled_label_ids
 from app.errors import InvalidRequest
 from infra_adapters.base import CallOptions
 from infra_adapters.emulators.answers import distribution
 from infra_adapters.emulators.generation import prompt_tokens
-from infra_adapters.emulators.logprobs_chat import token_id
+from infra_adapters.emulators.logprobs_chat import decode, position_logprobs, token_id
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState
-from infra_adapters.openai_logprobs import OpenAILogprobsReader
+from infra_adapters.openai_logprobs import TOP_LOGPROBS, OpenAILogprobsReader
 from tests.support import decision
 
 MODEL = "Qwen/Qwen3-0.6B"
 Emulator = tuple[EmulatorServer, VllmState]
+OPTIONS = CallOptions(timeout=10, max_reply_bytes=1 << 20)
 
 
 def run(server: EmulatorServer, body: dict[str, Any], token_ids: Mapping[str, Sequence[int]] | None = None,
-        salt: str | None = None) -> dict[str, Any]:
+        salt: str | None = None, reader_class: type[OpenAILogprobsReader] = OpenAILogprobsReader) -> dict[str, Any]:
     async def go() -> dict[str, Any]:
         options = CallOptions(timeout=10, max_reply_bytes=1 << 20, tenant_salt=salt)
-        reader = OpenAILogprobsReader(server.url, MODEL, options)
+        reader = reader_class(server.url, MODEL, options)
         try:
             return await labels.decide(body, reader, token_ids)
         finally:
@@ -43,19 +46,32 @@ def chats(state: VllmState) -> list[dict[str, Any]]:
 
 
 def prompt_of(request: dict[str, Any]) -> str:
-    return str(request["messages"][0]["content"])
+    """The read's user message (the last message: the chat ends at the generation prompt)."""
+    message = request["messages"][-1]
+    assert message["role"] == "user"
+    return str(message["content"])
 
 
-def expected(request: dict[str, Any], qtype: str) -> tuple[list[str], list[float]]:
+def read_of(state: VllmState, question_line: str) -> dict[str, Any]:
+    """The read whose prompt has this line (a question's ``Question: ...`` heading)."""
+    (request,) = [r for r in chats(state) if question_line in prompt_of(r).split("\n")]
+    return request
+
+
+def expected(request: dict[str, Any], qtype: str, names: Sequence[str]) -> list[float]:
     """The emulator's label distribution for the prompt it was sent."""
-    prompt = prompt_of(request)
-    found = prompt.rsplit("\n", 1)[-1].removeprefix(labels.INSTRUCTION + " ").removesuffix(".").split(", ")
-    return found, distribution(prompt, qtype, None, found).probs
+    return distribution(prompt_of(request), qtype, None, list(names)).probs
 
 
-# What label reading finds with the emulator's /tokenize: every spelling of every label, one token.
-ALL_IDS = {spelling: [token_id(spelling)] for label in [*string.ascii_uppercase, *string.digits, "yes", "no"]
-           for spelling in labels.spellings(label)}
+def argmax_token(request: dict[str, Any], state: VllmState) -> str:
+    """The token the emulator samples for this read (greedy, no mask: the model's argmax)."""
+    raw = position_logprobs(request["messages"], state.label_mass, state.label_space_share)
+    return decode(min(raw, key=lambda tid: (-raw[tid], tid)))
+
+
+# What label reading finds with the emulator's /tokenize (label_backend.spelled_label_ids): per
+# label, the ids of its one-token spellings, as written then with a leading space.
+ALL_IDS = {label: [token_id(spelling) for spelling in labels.spellings(label)] for label in labels.ALL_LABELS}
 
 
 def ids_of(*names: str) -> list[int]:
@@ -68,23 +84,45 @@ def test_prompts_state_first_labels_and_instruction(vllm: Emulator) -> None:
     run(server, decision(MODEL))
     sent = chats(state)
     assert len(sent) == 3  # one read per question
-    prompts = [prompt_of(r) for r in sent]
-    for prompt in prompts:
-        assert prompt.startswith('{"ticket":"My card was charged twice."}\n\n')  # compact JSON, first
-    by_q = {p.split("\n")[2]: p for p in prompts}
-    assert by_q["Which team?"].endswith(
-        "Options:\nA: billing - payments and refunds\nB: shipping\nAnswer with one label only: A, B.")
-    assert by_q["Reply within the hour?"].endswith(
-        "Options:\nyes: money is moving\nno\nAnswer with one label only: yes, no.")
-    assert by_q["How upset?"].endswith(
-        "Options:\n0: calm\n1: annoyed\n2: furious\nAnswer with one label only: 0, 1, 2.")
+    state_text = '{"ticket": "My card was charged twice."}'  # json.dumps's separators, first
     for request in sent:
-        assert request["messages"][1] == {"role": "assistant", "content": labels.PREFILL}
+        assert [m["role"] for m in request["messages"]] == ["user"]  # no system message, no prefill
+    questions = [
+        ["Question: Which team?", "A: billing - payments and refunds", "B: shipping",
+         "Answer with the letter of one option only."],
+        ["Question: Reply within the hour?", "yes: money is moving", "no", "Answer with yes or no only."],
+        ["Question: How upset?", "0: calm", "1: annoyed", "2: furious", "Answer with the number of one level only."],
+    ]
+    assert sorted(prompt_of(r) for r in sent) == sorted(f"{state_text}\n\n" + "\n".join(q) for q in questions)
+    assert labels.REPLY_INSTRUCTIONS == {"choice": "Answer with the letter of one option only.",
+                                         "noul": "Answer with yes or no only.",
+                                         "score": "Answer with the number of one level only."}
+    for request in sent:
         assert request["max_tokens"] == 1 and request["temperature"] == 0
         assert request["logprobs"] is True and request["top_logprobs"] == 20
-        assert request["continue_final_message"] is True and request["add_generation_prompt"] is False
+        assert request["add_generation_prompt"] is True and request["continue_final_message"] is False
         assert request["chat_template_kwargs"] == {"enable_thinking": False}
-        assert "logprob_token_ids" not in request and "cache_salt" not in request
+        for absent in ("logprob_token_ids", "return_tokens_as_token_ids", "allowed_token_ids", "cache_salt"):
+            assert absent not in request
+
+
+def test_top_level_instructions_are_a_system_message_and_template_kwargs_go_along(vllm: Emulator) -> None:
+    server, state = vllm
+    body = decision(MODEL, instructions="You triage support tickets.",
+                    chat_template_kwargs={"custom_flag": 1, "enable_thinking": False},
+                    state={"ticket": "Café: charged twice", "amounts": [12.5, 12.5]},
+                    questions={"spam": {"type": "noul"}})
+    out = run(server, body)
+    (request,) = chats(state)
+    state_text = json.dumps(body["state"], ensure_ascii=False)  # non-ASCII kept
+    assert "Café" in state_text
+    assert request["messages"] == [
+        {"role": "system", "content": "You triage support tickets."},
+        {"role": "user", "content": f"{state_text}\n\nyes\nno\n{labels.REPLY_INSTRUCTIONS['noul']}"},
+    ]  # no instructions on the question: no "Question:" line
+    assert request["chat_template_kwargs"] == {"custom_flag": 1, "enable_thinking": False}
+    probs = expected(request, "noul", ["yes", "no"])
+    assert out["answers"]["spam"]["noul"] == pytest.approx(probs[0])
 
 
 def test_string_state_is_sent_as_is(vllm: Emulator) -> None:
@@ -95,36 +133,55 @@ def test_string_state_is_sent_as_is(vllm: Emulator) -> None:
         assert request["cache_salt"] == "proj-1"
 
 
+def test_the_emulators_tokenizer_gives_every_label_both_spellings(vllm: Emulator) -> None:
+    server, _ = vllm
+
+    async def go() -> dict[str, list[int]] | None:
+        reader = OpenAILogprobsReader(server.url, MODEL, OPTIONS)
+        try:
+            return await spelled_label_ids(reader)
+        finally:
+            await reader.aclose()
+
+    assert asyncio.run(go()) == ALL_IDS
+
+
 def test_token_ids_sent_and_the_maths(vllm: Emulator) -> None:
     server, state = vllm
     state.label_mass = 0.75
     out = run(server, decision(MODEL), ALL_IDS)
-    sent = {r["messages"][0]["content"].split("\n")[2]: r for r in chats(state)}
-    team, urgent, tone = sent["Which team?"], sent["Reply within the hour?"], sent["How upset?"]
-    assert team["logprob_token_ids"] == team["allowed_token_ids"] == ids_of("A", "B")
+    team, urgent = read_of(state, "Question: Which team?"), read_of(state, "Question: Reply within the hour?")
+    tone = read_of(state, "Question: How upset?")
+    assert team["logprob_token_ids"] == ids_of("A", "B")
     assert urgent["logprob_token_ids"] == ids_of("yes", "no")
     assert tone["logprob_token_ids"] == ids_of("0", "1", "2")
+    for request in (team, urgent, tone):
+        assert request["return_tokens_as_token_ids"] is True
+        assert "allowed_token_ids" not in request  # no mask: argmax_is_label can be false
 
     answers = out["answers"]
-    _, probs = expected(team, "choice")
+    probs = expected(team, "choice", ["A", "B"])
     best = max(range(len(probs)), key=lambda i: (probs[i], -i))
     assert answers["team"]["choice"] == ["billing", "shipping"][best]
     assert answers["team"]["probabilities"] == pytest.approx({"billing": probs[0], "shipping": probs[1]})
     assert answers["team"]["confidence"] == pytest.approx(probs[best] * 0.75)
 
-    _, probs = expected(urgent, "noul")
+    probs = expected(urgent, "noul", ["yes", "no"])
     assert answers["urgent"]["noul"] == pytest.approx(probs[0])
     assert answers["urgent"]["probabilities"] == pytest.approx({"yes": probs[0], "no": probs[1]})
     assert answers["urgent"]["confidence"] == pytest.approx(max(probs) * 0.75)
 
-    _, probs = expected(tone, "score")
+    probs = expected(tone, "score", ["0", "1", "2"])
     assert answers["tone"]["score"] == pytest.approx(sum(i * p for i, p in enumerate(probs)))
     assert answers["tone"]["legend"] == {"0": "calm", "1": "annoyed", "2": "furious"}
     assert answers["tone"]["probabilities"] == pytest.approx({str(i): p for i, p in enumerate(probs)})
+    assert answers["tone"]["confidence"] == pytest.approx(max(probs) * 0.75)
     assert math.fsum(answers["tone"]["probabilities"].values()) == pytest.approx(1.0)
 
-    for qid in ("team", "urgent", "tone"):
-        assert out["diagnostics"][qid] == {"label_mass": pytest.approx(0.75), "argmax_is_label": True}
+    for qid, request, names in (("team", team, "AB"), ("urgent", urgent, ("yes", "no")), ("tone", tone, "012")):
+        argmax = argmax_token(request, state)
+        assert out["diagnostics"][qid] == {"label_mass": pytest.approx(0.75),
+                                           "argmax_is_label": argmax.lstrip() in names}
     # the reads' prompt tokens summed (the emulator counts them with prompt_tokens); one output each
     assert out["usage"] == {"input_tokens": sum(prompt_tokens(r["messages"]) for r in chats(state)),
                             "output_tokens": 3, "input_tokens_details": {"cached_tokens": 0}}
@@ -134,36 +191,61 @@ def test_leading_space_variants_are_summed(vllm: Emulator) -> None:
     server, state = vllm
     state.label_space_share = 0.4
     out = run(server, decision(MODEL))
-    team = next(r for r in chats(state) if "Which team?" in prompt_of(r))
-    _, probs = expected(team, "choice")
+    team = read_of(state, "Question: Which team?")
+    probs = expected(team, "choice", ["A", "B"])
     assert out["answers"]["team"]["probabilities"] == pytest.approx(
         {"billing": probs[0], "shipping": probs[1]})
-    assert out["diagnostics"]["team"]["label_mass"] == pytest.approx(0.9)
+    assert out["diagnostics"]["team"]["label_mass"] == pytest.approx(state.label_mass)
 
 
 def test_leading_space_variants_are_read_by_token_id_whatever_their_rank(vllm: Emulator) -> None:
     server, state = vllm
-    state.label_space_share, state.label_mass = 0.9, 0.95  # after "Answer:", most weight is on " A"
+    state.label_space_share, state.label_mass = 0.9, 0.95  # most weight is on " A"
     out = run(server, choice_of(24), ALL_IDS)
     (request,) = chats(state)
-    assert request["logprob_token_ids"] == request["allowed_token_ids"] == ids_of(*string.ascii_uppercase[:24])
-    _, probs = expected(request, "choice")
+    assert request["logprob_token_ids"] == ids_of(*string.ascii_uppercase[:24])
+    probs = expected(request, "choice", string.ascii_uppercase[:24])
     # 24 labels in two spellings: most " X" are out of the top 20, yet every one counts in full.
     assert list(out["answers"]["pick"]["probabilities"].values()) == pytest.approx(probs)
     assert out["diagnostics"]["pick"]["label_mass"] == pytest.approx(0.95)
+    assert "bounded_labels" not in out["diagnostics"]["pick"]
+
+
+class _SpacedATakesTwoTokens(OpenAILogprobsReader):
+    """The emulator's tokenizer, except that " A" is two tokens (a space, then "A")."""
+
+    async def tokenize(self, text: str) -> list[int] | None:
+        if text == " A":
+            return [5032, token_id("A")]
+        return await super().tokenize(text)
 
 
 def test_a_one_token_label_whose_spaced_spelling_is_two_tokens_is_read_as_written(vllm: Emulator) -> None:
     server, state = vllm
-    run(server, decision(MODEL), {**ALL_IDS, " A": [5032, token_id("A")]})
-    team = next(r for r in chats(state) if "Which team?" in prompt_of(r))
+
+    async def go() -> dict[str, list[int]] | None:
+        reader = _SpacedATakesTwoTokens(server.url, MODEL, OPTIONS)
+        try:
+            return await spelled_label_ids(reader)
+        finally:
+            await reader.aclose()
+
+    found = asyncio.run(go())
+    assert found is not None and found["A"] == [token_id("A")] and found["B"] == ids_of("B")
+    out = run(server, decision(MODEL), found)
+    team = read_of(state, "Question: Which team?")
     assert team["logprob_token_ids"] == [token_id("A"), *ids_of("B")]
+    probs = expected(team, "choice", ["A", "B"])
+    assert out["answers"]["team"]["probabilities"] == pytest.approx({"billing": probs[0], "shipping": probs[1]})
 
 
-def test_low_label_mass_means_argmax_is_not_a_label(vllm: Emulator) -> None:
+@pytest.mark.parametrize("by_id", [False, True], ids=["by-text", "by-id"])
+def test_low_label_mass_means_argmax_is_not_a_label(vllm: Emulator, by_id: bool) -> None:
     server, state = vllm
     state.label_mass = 0.05
-    out = run(server, decision(MODEL))
+    out = run(server, decision(MODEL), ALL_IDS if by_id else None)
+    for request in chats(state):
+        assert argmax_token(request, state).lstrip() not in labels.ALL_LABELS  # the emulator's argmax
     for qid in ("team", "urgent", "tone"):
         assert out["diagnostics"][qid] == {"label_mass": pytest.approx(0.05), "argmax_is_label": False}
     assert out["answers"]["team"]["confidence"] <= 0.05
@@ -178,7 +260,8 @@ def test_26_options_read_with_token_ids(vllm: Emulator) -> None:
     server, state = vllm
     out = run(server, choice_of(26), ALL_IDS)
     (request,) = chats(state)
-    _, probs = expected(request, "choice")
+    assert request["logprob_token_ids"] == ids_of(*string.ascii_uppercase)
+    probs = expected(request, "choice", string.ascii_uppercase)
     assert list(out["answers"]["pick"]["probabilities"].values()) == pytest.approx(probs)
 
 
@@ -192,17 +275,52 @@ def test_27_options_is_a_400_before_any_read(vllm: Emulator) -> None:
     assert chats(state) == []
 
 
-def test_label_out_of_top_logprobs_without_token_ids_is_a_400(vllm: Emulator) -> None:
+def test_label_out_of_a_full_top_list_without_token_ids_is_bounded(vllm: Emulator) -> None:
+    server, state = vllm
+    out = run(server, choice_of(22))  # 22 labels and fillers: some fall out of the top 20
+    (request,) = chats(state)
+    names = string.ascii_uppercase[:22]
+    # What the emulator reports: its 20 best tokens (the sampled one among them).
+    raw = position_logprobs(request["messages"], state.label_mass, state.label_space_share)
+    top = {decode(tid): raw[tid] for tid in sorted(raw, key=lambda tid: (-raw[tid], tid))[:TOP_LOGPROBS]}
+    floor = min(top.values())
+    bounded = [label for label in names if label not in top]
+    assert bounded  # the case under test: some labels are ranked below the last reported token
+    logprobs = [top.get(label, floor) for label in names]
+    total = math.fsum(math.exp(lp) for lp in logprobs)
+    probs = [math.exp(lp) / total for lp in logprobs]
+    mass = math.fsum(math.exp(top[label]) for label in names if label in top)  # exact labels only
+
+    pick, diagnostics = out["answers"]["pick"], out["diagnostics"]["pick"]
+    assert diagnostics == {"label_mass": pytest.approx(mass), "bounded_labels": bounded,
+                           "argmax_is_label": argmax_token(request, state) in names}
+    assert list(pick["probabilities"].values()) == pytest.approx(probs)
+    best = max(range(len(probs)), key=lambda i: (probs[i], -i))
+    assert pick["choice"] == f"option{best}"
+    assert pick["confidence"] == pytest.approx(probs[best] * mass)
+
+
+class _ShortTopList(OpenAILogprobsReader):
+    """A server that reports fewer top logprobs than the 20 asked."""
+
+    def request_body(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {**super().request_body(*args, **kwargs), "top_logprobs": 10}
+
+
+def test_label_out_of_a_short_top_list_without_token_ids_is_a_400(vllm: Emulator) -> None:
     server, _ = vllm
     with pytest.raises(InvalidRequest) as caught:
-        run(server, choice_of(22))  # 22 labels and fillers: some fall out of the top 20
+        run(server, choice_of(22), reader_class=_ShortTopList)  # 10 entries: no bound is known
     assert caught.value.status == 400
     assert "cannot be read exactly" in caught.value.message
 
 
-def test_label_that_is_not_one_token_is_a_400(vllm: Emulator) -> None:
+@pytest.mark.parametrize("token_ids", [{k: v for k, v in ALL_IDS.items() if k != "yes"}, {**ALL_IDS, "yes": []}],
+                         ids=["missing", "empty"])
+def test_label_that_is_not_one_token_is_a_400(vllm: Emulator, token_ids: dict[str, list[int]]) -> None:
     server, state = vllm
     with pytest.raises(InvalidRequest) as caught:
-        run(server, decision(MODEL), {**ALL_IDS, "yes": [9891, 17]})
+        run(server, decision(MODEL), token_ids)
+    assert caught.value.status == 400
     assert "'yes' is not a single token" in caught.value.message
     assert chats(state) == []
