@@ -174,8 +174,11 @@ class Installer:
     async def _run(self, install_id: int) -> None:
         try:
             await self._leased(install_id, self._pull(install_id))
-            await asyncio.to_thread(self._finish, install_id, "succeeded", None)
+            # The model is registered and the registry reloaded before the job says "succeeded":
+            # a client that sees it succeed and sends a request at once finds the model.
+            await asyncio.to_thread(self._register, install_id)
             await self._on_change()
+            await asyncio.to_thread(self._finish, install_id, "succeeded", None)
         except asyncio.CancelledError:
             await asyncio.to_thread(self._finish, install_id, "cancelled", None)
         except BackendError as exc:
@@ -260,9 +263,16 @@ class Installer:
             job.status, job.error, job.finished_at, job.updated_at = status, error, utcnow(), utcnow()
             if status == "succeeded":
                 job.percent, job.stage = 100.0, "success"
-                service = session.get_one(Service, job.service_id)
-                register(session, service, Plan(job.backend_name, job.public_name, list(job.capabilities),
-                                                job.source, pull=True))
+
+    def _register(self, install_id: int) -> None:
+        """The pulled model's row, unless the job was given up meanwhile."""
+        with self._database.session() as session:
+            job = session.get_one(ModelInstall, install_id)
+            if job.status in FINISHED:
+                return
+            service = session.get_one(Service, job.service_id)
+            register(session, service, Plan(job.backend_name, job.public_name, list(job.capabilities),
+                                            job.source, pull=True))
 
     async def cancel(self, install_id: int, actor: Actor) -> dict[str, Any]:
         def work(session: Session) -> dict[str, Any]:
