@@ -27,6 +27,7 @@ its logprob is bounded by that entry's, and the read says so (``bounded``).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -154,10 +155,11 @@ class OpenAILogprobsReader(HttpBackendBase):
         text = await self._json(DETOKENIZE_PATH, {"model": self.model, "tokens": prompt})
         if not isinstance(text, dict) or not isinstance(text.get("prompt"), str):
             return None
+        answers = await asyncio.gather(*(
+            self._json(TOKENIZE_PATH, {"model": self.model, "prompt": text["prompt"] + label,
+                                       "add_special_tokens": False}) for label in labels))
         found: dict[str, list[int]] = {}
-        for label in labels:
-            data = await self._json(TOKENIZE_PATH, {"model": self.model, "prompt": text["prompt"] + label,
-                                                    "add_special_tokens": False})
+        for label, data in zip(labels, answers):
             ids = None if data is None else _tokens(data)
             one_more = ids is not None and len(ids) == len(prompt) + 1 and ids[:-1] == prompt
             if ids and one_more and all(ids[-1] not in taken for taken in found.values()):

@@ -15,6 +15,8 @@ import pytest
 
 from infra_adapters.emulators.answers import count_tokens, question_tokens
 from infra_adapters.emulators.vllm import VllmState
+from tests.infra_adapters.emulators.vllm_errors import invalid as _invalid
+from tests.infra_adapters.emulators.vllm_errors import refused as _refused
 
 MODEL = "Qwen/Qwen3-0.6B"
 
@@ -34,20 +36,6 @@ def _error(resp: httpx.Response, status: int, err_type: str) -> str:
     assert set(error) == {"message", "type", "param", "code"}
     assert (error["type"], error["code"]) == (err_type, status)
     return str(error["message"])
-
-
-def _refused(resp: httpx.Response, message: str, param: str | None = None, status: int = 400,
-             err_type: str = "BadRequestError") -> None:
-    """vLLM's `create_error_response` body."""
-    assert resp.status_code == status, resp.text
-    assert resp.json() == {"error": {"message": message, "type": err_type, "param": param, "code": status}}
-
-
-def _invalid(resp: httpx.Response, param: str, *errors: str) -> None:
-    """vLLM's `validation_exception_handler` body for pydantic's errors."""
-    label = "error" if len(errors) == 1 else "errors"
-    message = f"{len(errors)} validation {label}:\n" + "\n".join(f"  {e}" for e in errors)
-    _refused(resp, message, param, err_type="Bad Request")
 
 
 def test_version_and_models(vllm_client: httpx.Client, vllm: VllmState) -> None:

@@ -14,6 +14,8 @@ from openai import OpenAI
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState
 from infra_adapters.emulators.vllm_decisions import read_prompt
+from tests.infra_adapters.emulators.vllm_errors import invalid as _invalid
+from tests.infra_adapters.emulators.vllm_errors import refused as _refused
 
 MODEL = "Qwen/Qwen3-0.6B"
 QUESTIONS: list[dict[str, Any]] = [
@@ -30,18 +32,6 @@ def _client(server: tuple[VllmState, EmulatorServer]) -> OpenAI:
 
 def _post(client: httpx.Client, **body: Any) -> httpx.Response:
     return client.post("/v1/decisions", json={"model": MODEL, "input": "x", "questions": QUESTIONS[:1], **body})
-
-
-def _refused(resp: httpx.Response, message: str, param: str | None = None, status: int = 400,
-             err_type: str = "BadRequestError") -> None:
-    assert resp.status_code == status, resp.text
-    assert resp.json() == {"error": {"message": message, "type": err_type, "param": param, "code": status}}
-
-
-def _invalid(resp: httpx.Response, param: str, *errors: str) -> None:
-    label = "error" if len(errors) == 1 else "errors"
-    message = f"{len(errors)} validation {label}:\n" + "\n".join(f"  {e}" for e in errors)
-    _refused(resp, message, param, err_type="Bad Request")
 
 
 def _systemone(client: httpx.Client, state: str, question: dict[str, Any]) -> dict[str, Any]:
