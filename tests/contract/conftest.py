@@ -31,6 +31,8 @@ FLAVOURS = {
     "plain": [],
     "token-ids": ["--return-tokens-as-token-ids"],
     "processed": ["--logprobs-mode", "processed_logprobs"],
+    # An architecture vLLM has no read strategy for: /v1/systemone and /v1/decisions answer 501.
+    "no-strategy": ["--stub-architecture", "LlamaForCausalLM"],
 }
 
 

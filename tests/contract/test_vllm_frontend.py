@@ -305,3 +305,37 @@ def test_chat_refusal_is_vllms_own(target: Target) -> None:
 
 def test_an_unknown_model_is_arbiters_404(target: Target) -> None:
     assert_error(target.client().post("/v1/systemone", json=decision("not-there")), 404)
+
+
+# -- a model vLLM has no read strategy for --------------------------------------------------
+
+
+@pytest.fixture
+def no_strategy(request: pytest.FixtureRequest, db: Database, gateway_factory: Callable[..., Gateway]) -> Target:
+    """The real front end serving an architecture outside vLLM's READ_STRATEGIES (Llama)."""
+    return _real(request, "no-strategy", db, gateway_factory)
+
+
+def test_vllms_501_for_a_model_without_a_read_strategy_passes_through(no_strategy: Target) -> None:
+    direct = no_strategy.native("/v1/systemone", decision(MODEL))
+    assert direct.status_code == 501
+    for _ in range(2):  # a 501 is about the model, not the replica: nothing is taken out of service
+        response = no_strategy.client().post("/v1/systemone", json=decision(MODEL))
+        assert response.status_code == 501 and response.content == direct.content
+    # /v1/decisions: vLLM's own route answers 501 too; the request is translated onto
+    # /v1/systemone, whose 501 comes back with its status and message in OpenAI's error shape
+    # (as every translated backend error does on this endpoint: docs/api.md).
+    translated = no_strategy.client().post("/v1/decisions", json={
+        "model": MODEL, "input": "x", "questions": [{"type": "predicate", "instructions": "?"}]})
+    assert translated.status_code == 501
+    assert translated.json()["error"]["message"] == direct.json()["error"]["message"]
+
+
+def test_label_reading_makes_it_a_decision_model(no_strategy: Target) -> None:
+    no_strategy.labels_on()
+    answer = body(no_strategy.client().post("/v1/systemone", json=decision(MODEL)), 200)
+    assert list(answer["answers"]) == ["team", "urgent", "tone"]
+    _probabilities_sum_to_one(answer["answers"]["team"])
+    result = body(no_strategy.client().post("/v1/decisions", json={
+        "model": MODEL, "input": "My card was charged twice.", "questions": SDK_QUESTIONS}), 200)
+    assert [a["type"] for a in result["answers"]] == ["choice", "predicate", "choice", "score"]

@@ -4,6 +4,7 @@ Run with the contract virtualenv's Python (``scripts/bootstrap-contract``), neve
 Arbiter suite::
 
     .venv-contract/bin/python tests/contract/vllm_frontend.py --port 8123 [any `vllm serve` flag]
+        [--stub-architecture LlamaForCausalLM]   # a model without a decisions read strategy
 
 What is vLLM's own, unchanged: the argument parser and its defaults (``make_arg_parser``), the
 engine configuration (``EngineArgs.create_engine_config``: architecture, max_model_len,
@@ -69,9 +70,15 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_model_dir(path: str) -> None:
-    """A model directory vLLM's config and tokenizer loaders read: Qwen3's architecture, a trained
-    byte-level BPE tokenizer, the chat template; no weights (the engine is stubbed)."""
+# The architectures the harness can pose as: Qwen3 has vLLM's NextTokenStrategy; Llama has no read
+# strategy in vLLM 0.33 (strategies.py READ_STRATEGIES), so both decision routes answer 501.
+MODEL_TYPES = {"Qwen3ForCausalLM": "qwen3", "LlamaForCausalLM": "llama"}
+
+
+def make_model_dir(path: str, architecture: str = "Qwen3ForCausalLM") -> None:
+    """A model directory vLLM's config and tokenizer loaders read: the architecture (Qwen3's by
+    default), a trained byte-level BPE tokenizer, the chat template; no weights (the engine is
+    stubbed)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -86,7 +93,7 @@ def make_model_dir(path: str) -> None:
                    "pad_token": "<|endoftext|>", "chat_template": CHAT_TEMPLATE,
                    "model_max_length": 8192}, f)
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        json.dump({"architectures": [architecture], "model_type": MODEL_TYPES[architecture],
                    "vocab_size": tokenizer.get_vocab_size(), "hidden_size": 64, "intermediate_size": 128,
                    "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
                    "head_dim": 32, "max_position_embeddings": 8192, "torch_dtype": "float32",
@@ -234,7 +241,12 @@ async def serve(argv: list[str]) -> None:
 
     parser = make_arg_parser(FlexibleArgumentParser(description="vLLM's server, engine stubbed"))
     model_dir = tempfile.mkdtemp(prefix="vllm-contract-model-")
-    make_model_dir(model_dir)
+    architecture = "Qwen3ForCausalLM"
+    if "--stub-architecture" in argv:  # ours, not vLLM's: taken out before vLLM's parser
+        at = argv.index("--stub-architecture")
+        architecture = argv[at + 1]
+        argv = argv[:at] + argv[at + 2:]
+    make_model_dir(model_dir, architecture)
     args = parser.parse_args(["--model", model_dir, "--enforce-eager", *argv])
     validate_parsed_serve_args(args)
     engine = StubEngine(AsyncEngineArgs.from_cli_args(args).create_engine_config())
