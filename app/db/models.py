@@ -70,6 +70,10 @@ class ApiKey(Base):
     replaced_by_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id"), nullable=True)
     requests_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
     tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Admin keys only: owner, operator, viewer or project-admin (NULL reads as owner); the ids of
+    # the projects a project-admin key may manage.
+    role: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    admin_projects: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class Service(Base):
