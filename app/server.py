@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import threading
+from collections import OrderedDict
 from collections.abc import Generator
 from http import HTTPStatus
 from typing import Any
@@ -16,9 +17,17 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app.api.public.openai_decisions import OPENAI_DECISIONS_PATH
 from app.decisions.openai_api import errors as openai_errors
-from app.errors import ArbiterError, HeadersTooLarge, InvalidRequest, RequestTimeout
+from app.errors import ArbiterError, BackendFailed, HeadersTooLarge, InvalidRequest, RequestTimeout
 from app.main import create_app
+from app.openfiles import (
+    HEALTH_RESERVE,
+    check_fits,
+    connection_cap,
+    open_file_limit,
+    raise_open_file_limit,
+)
 from app.settings import Settings
+from app.telemetry.metrics import Metrics
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -113,6 +122,9 @@ MAX_HEAD_BYTES = 64 * 1024
 
 _HEAD_OVER = f"the request's header section is over the {MAX_HEAD_BYTES}-byte limit"
 
+HEALTH_PATHS = (b"/healthz", b"/readyz")  # what a connection past the cap may still ask
+MAX_REQUEST_LINE = 8 * 1024  # past the cap, the most bytes read looking for the request line
+
 
 class _HeadRefused(Exception):
     """Raised from a parser callback to stop parsing a request that has been answered."""
@@ -131,34 +143,77 @@ class HttpProtocol(HttpToolsProtocol):
       after the answers to the requests before it on the connection.
     - Time: a request must arrive whole (head and body) within ``client_timeout`` seconds of its
       first byte, or it is answered 408 and the connection closes; a client trickling a byte now
-      and then (slowloris) would otherwise hold a connection, and a body's memory, for ever.
-      Idle keep-alive connections are uvicorn's ``timeout_keep_alive``. One timer a second per
-      process checks every connection (``_sweep``), so a request pays one clock read."""
+      and then (slowloris) would otherwise hold a connection, and a body's memory, for ever. A
+      connection that sends no byte at all is closed, unanswered, ``client_timeout`` seconds
+      after it opened (uvicorn times connections out only once they have been answered). Idle
+      keep-alive connections after an answer: uvicorn's timer, set to ``keep_alive_timeout``.
+      One timer a second per process checks every connection (``_sweep``), so a request pays
+      one clock read.
+    - Connections: at ``max_connections`` open, a new connection takes the place of the one idle
+      the longest (no byte since it opened or since its last answer), which is closed, as nginx
+      does: closing it loses nothing, and a flood of silent connections cannot starve clients
+      that send. With none idle, the new connection is read only up to its request line:
+      ``/healthz`` and ``/readyz`` are served (and the connection then closes), anything else
+      is 503 with Retry-After and closes; past ``HEALTH_RESERVE`` more, it gets the 503 at once,
+      unread. Descriptors stay bounded whatever a flood of connections does."""
 
     client_timeout = 60.0
+    keep_alive_timeout = 5.0
+    max_connections = connection_cap(None, 1 << 20)
+    metrics: Metrics | None = None
 
     @classmethod
-    def configured(cls, settings: Settings) -> type[HttpProtocol]:
-        return type(cls.__name__, (cls,), {"client_timeout": settings.client_timeout})
+    def configured(cls, settings: Settings, metrics: Metrics | None = None) -> type[HttpProtocol]:
+        """This protocol with ``settings``' limits; ``metrics`` counts connections (none: uncounted)."""
+        return type(cls.__name__, (cls,), {
+            "client_timeout": settings.client_timeout, "keep_alive_timeout": settings.keep_alive_timeout,
+            "max_connections": connection_cap(settings.max_connections, open_file_limit()), "metrics": metrics})
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.transport = _CoalescingTransport(transport, self.loop)  # type: ignore[assignment]
+        if not getattr(self.server_state, "arbiter_sweeping", False):
+            self._watch_server()
+        self._idle: OrderedDict[HttpProtocol, None] = self.server_state.arbiter_idle  # type: ignore[attr-defined]
+        self.timeout_keep_alive = self.keep_alive_timeout  # type: ignore[assignment]  # uvicorn's int: any seconds do
         self._head_open = True
         self._head_bytes = 0
         self._tail = b""  # the last bytes of the open head's previous read (a CRLFCRLF may straddle)
         self._heads = 0  # heads completed on this connection
         self._refusal: ArbiterError | None = None  # sent once the answers before it are out
-        self.request_started: float | None = None  # loop time of the first byte of the request arriving
-        if not getattr(self.server_state, "arbiter_sweeping", False):
-            self.server_state.arbiter_sweeping = True  # type: ignore[attr-defined]
-            self.loop.call_later(1.0, _sweep, self.loop, self.connections)
+        # Loop time of the first byte of the request arriving; until a first byte, of the opening.
+        self.request_started: float | None = self.loop.time()
+        self._opening = True  # the first request is not let through yet (no byte, or no request line past the cap)
+        self._first_line = b""  # past the cap: what came of the first request line
+        over = len(self.connections) - self.max_connections
+        if over > 0 and self._close_longest_idle():
+            over = 0  # its place is this connection's
+        self._past_cap = over > 0
+        if over > HEALTH_RESERVE:
+            self._refuse_connection()
+            return
+        self._idle[self] = None
+
+    def _watch_server(self) -> None:
+        """Once per server, at its first connection: the sweep, the connections idle (oldest first),
+        and the gauge of open connections."""
+        self.server_state.arbiter_sweeping = True  # type: ignore[attr-defined]
+        self.server_state.arbiter_idle = OrderedDict()  # type: ignore[attr-defined]
+        self.loop.call_later(1.0, _sweep, self.loop, self.connections)
+        if self.metrics is not None:
+            connections = self.connections
+            self.metrics.connections_open.set_function(lambda: float(len(connections)))
 
     def data_received(self, data: bytes) -> None:
         if self._refusal is not None:
             return  # a refused request: nothing after it is read; the connection ends once it is answered
-        if self.request_started is None:
+        if self._opening:
+            data = self._opening_bytes(data)
+            if not data:
+                return
+        elif self.request_started is None:
             self.request_started = self.loop.time()
+            self._idle.pop(self, None)
         counted = self._head_open
         if counted and self._head_bytes + len(data) > MAX_HEAD_BYTES and not self._head_ends_in_time(data):
             self._refuse_next(HeadersTooLarge(_HEAD_OVER))
@@ -168,6 +223,46 @@ class HttpProtocol(HttpToolsProtocol):
         if counted and self._heads == heads:  # the head that was open is open still
             self._head_bytes += len(data)
             self._tail = data[-3:]
+
+    def _opening_bytes(self, data: bytes) -> bytes:
+        """The first bytes of a connection, and what of them goes on to the parser: all of them, or,
+        past the cap, nothing until the request line is whole, and then only a health check's."""
+        if not self._first_line:
+            self.request_started = self.loop.time()  # the request's clock starts at its first byte
+            self._idle.pop(self, None)
+        if not self._past_cap:
+            self._opening = False
+            return data
+        held = self._first_line + data
+        end = held.find(b"\r\n")
+        if end < 0 and len(held) <= MAX_REQUEST_LINE:
+            self._first_line = held
+            return b""
+        if end >= 0 and _asks_health(held[:end]):
+            self._opening = False
+            self._first_line = b""
+            return held
+        self._refuse_connection()
+        return b""
+
+    def _close_longest_idle(self) -> bool:
+        """Close the connection idle the longest, if there is one, to make room for this one."""
+        while self._idle:
+            connection, _ = self._idle.popitem(last=False)
+            if not connection.transport.is_closing():
+                connection.transport.close()
+                if self.metrics is not None:
+                    self.metrics.connections_idle_closed.inc()
+                return True
+        return False
+
+    def _refuse_connection(self) -> None:
+        if self.metrics is not None:
+            self.metrics.connections_refused.inc()
+        error = BackendFailed(503, f"Arbiter is at its limit of {self.max_connections} open connections; "
+                                   "try again shortly", retry_after=1)
+        self._refusal = error  # nothing more is read
+        self._refuse(error, known_path=False)
 
     def _head_ends_in_time(self, data: bytes) -> bool:
         """Whether the head open at the start of ``data`` ends (CRLFCRLF: httptools takes no bare
@@ -189,6 +284,8 @@ class HttpProtocol(HttpToolsProtocol):
             self._refuse_next(HeadersTooLarge(_HEAD_OVER))
             raise _HeadRefused  # stops the parser here: the body is never read
         super().on_headers_complete()
+        if self._past_cap:  # a health check past the cap: answered, then the connection closes
+            self.cycle.keep_alive = False
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -198,6 +295,9 @@ class HttpProtocol(HttpToolsProtocol):
     def time_out(self) -> None:
         """The request did not arrive whole in time: 408 unless its answer has begun, then close."""
         if self.transport.is_closing() or self._refusal is not None:
+            return
+        if self._opening and not self._first_line:  # not a byte came: there is no request to answer
+            self.transport.close()
             return
         answering = not self._head_open and self.cycle is not None and self.cycle.response_started
         if answering:  # the route answered before the body was whole (a 413, say): just close
@@ -233,6 +333,7 @@ class HttpProtocol(HttpToolsProtocol):
         body = openai_errors.from_arbiter(error) if path == OPENAI_DECISIONS_PATH else error.body()
         head = [b"HTTP/1.1 %d %s\r\n" % (error.status, HTTPStatus(error.status).phrase.encode())]
         head.extend(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers)
+        head.extend(b"%s: %s\r\n" % (name.encode(), value.encode()) for name, value in error.headers.items())
         head.append(b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
                     % len(body))
         self.transport.write(b"".join(head) + body)
@@ -247,6 +348,12 @@ class HttpProtocol(HttpToolsProtocol):
             self._refuse(self._refusal, known_path=False)
             return
         super().on_response_complete()
+        if self.request_started is None and not self.pipeline and not self.transport.is_closing():
+            self._idle[self] = None  # kept alive, waiting for the next request
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._idle.pop(self, None)
+        super().connection_lost(exc)
 
 
 def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
@@ -259,13 +366,24 @@ def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
     loop.call_later(1.0, _sweep, loop, connections)
 
 
+def _asks_health(request_line: bytes) -> bool:
+    """Whether a request line (``GET /healthz?x HTTP/1.1``) asks for a health check."""
+    parts = request_line.split(b" ")
+    return len(parts) == 3 and parts[1].split(b"?", 1)[0] in HEALTH_PATHS
+
+
 def serve(settings: Settings) -> None:
     # log_config=None: uvicorn's loggers keep the JSON handler `configure` gave them (app/telemetry/logs.py)
     # instead of its own plain-text set-up. proxy_headers=False: the app applies them (see main.py).
+    open_files = raise_open_file_limit()  # before anything opens: the connection cap is sized under it
     app = create_app(settings)
     app.route_templates.resolve()  # FastAPI's route contexts, before serving (app/main.py RouteTemplates)
+    protocol = HttpProtocol.configured(settings, app.components.metrics)
+    if settings.max_connections is not None:
+        check_fits(settings.max_connections, open_files)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, loop="uvloop",
-                            http=HttpProtocol.configured(settings), lifespan="on", access_log=False, log_level="warning",
+                            http=protocol, lifespan="on", access_log=False, log_level="warning",
                             log_config=None, timeout_graceful_shutdown=30, proxy_headers=False)
-    logging.getLogger("arbiter.server").info("serving on http://%s:%d", settings.host, settings.port)
+    logging.getLogger("arbiter.server").info("serving on http://%s:%d (at most %d connections; open-file limit %d)",
+                                             settings.host, settings.port, protocol.max_connections, open_files)
     Server(config).run()

@@ -37,6 +37,15 @@ class Metrics:
                                ["route"], registry=self.registry)
         self.shed = Counter("arbiter_shed", "Requests refused with 503 at the concurrency cap.",
                             registry=self.registry)
+        # Set by the HTTP server (app/server.py): the gauge reads its set of connections at scrape time.
+        self.connections_open = Gauge("arbiter_connections_open", "Client connections open on the HTTP server.",
+                                      registry=self.registry)
+        self.connections_refused = Counter("arbiter_connections_refused",
+                                           "Client connections refused with 503 at ARBITER_MAX_CONNECTIONS.",
+                                           registry=self.registry)
+        self.connections_idle_closed = Counter(
+            "arbiter_connections_idle_closed", "Idle client connections closed at ARBITER_MAX_CONNECTIONS "
+            "to make room for new ones.", registry=self.registry)
         self.rate_limited = Counter("arbiter_rate_limited", "Requests refused with 429 by a rate limit.",
                                     registry=self.registry)
         self.redis_up = Gauge("arbiter_redis_up", "1 when the shared rate-limit store (Redis) answers, "
