@@ -7,6 +7,7 @@ import functools
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ import orjson
 
 from app.decisions import jsonbody
 from app.decisions.schema import MEDIA_FIELDS, DecisionRequest
+from app.decisions.textbound import Probe
 from app.errors import (
     ArbiterError,
     BackendFailed,
@@ -102,6 +104,27 @@ class Forwarder:
         if tokens and self._limiter is not None and outcome.input_tokens is not None:
             await self._limiter.charge(tokens, outcome.input_tokens + (outcome.output_tokens or 0))
         return outcome
+
+    def early_limit(self, principal: Principal, probe: Probe) -> tuple[int, Callable[[int], ArbiterError]]:
+        """The text limit a body is held to before it is decoded, and its refusal for a text
+        floor over it: its model's limit (413); and when its model is no use (missing, 403, 404),
+        every service's limit here, with that refusal (no body that big is decoded to be refused).
+        A body under it is decoded and checked in full, in SPEC §1's order."""
+        largest = max((r.text_limit for e in self._registry.entries() for r in e.replicas),
+                      default=self._settings.default_text_limit)
+        if probe.model is None:
+            problem = probe.model_problem()
+            return largest, lambda _floor: problem
+        try:
+            principal.authorize(probe.model)
+            entry = self._registry.find(probe.model, principal.mesh_hops)
+        except ArbiterError as error:
+            refusal = error
+            return largest, lambda _floor: refusal
+        limit = max(r.text_limit for r in entry.replicas)
+        return limit, lambda floor: TooLarge(
+            f"the request's text is at least {floor} bytes, over the {limit}-byte limit of "
+            f"model '{entry.public_name}' (media fields do not count)")
 
     def _eligible(self, entry: ModelEntry, body: dict[str, Any], request: DecisionRequest,
                   raw_length: int) -> list[Replica]:

@@ -1,10 +1,12 @@
 """POST /v1/systemone as a lean ASGI route (the hot path): no framework, no database.
 
 Checks run in SPEC §1's order: 401 -> 413/415 -> 400 -> 403 -> 404 -> 413 (text) -> 400 (capability).
+A body over 64 KiB whose text floor is over its limit is refused before it is decoded (``parse_big``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
@@ -12,8 +14,9 @@ from typing import Any
 from app.api import asgi
 from app.api.asgi import Receive, Scope, Send, send_bytes
 from app.api.public.intake import take
-from app.decisions import jsonbody, schema
+from app.decisions import jsonbody, schema, textbound
 from app.decisions.forward import Forwarder, Outcome
+from app.decisions.offloop import OFF_LOOP_BYTES, OffLoop
 from app.decisions.schema import DecisionRequest
 from app.errors import ArbiterError
 from app.mesh.auth import MeshAuth
@@ -22,6 +25,7 @@ from app.telemetry.observer import Observer
 from app.telemetry.record import RequestRecord
 from app.telemetry.tracing import Tracing, annotate, current_span
 from app.tenancy.keycache import KeyCache
+from app.tenancy.principal import Principal
 from app.tenancy.touches import KeyTouches
 
 DECISION_PATH = "/v1/systemone"
@@ -34,8 +38,10 @@ class SystemOneRoute:
     overriding ``send_error``, ``prepare``, ``reply`` and ``logged``."""
 
     def __init__(self, keys: KeyCache, forwarder: Forwarder, touches: KeyTouches, observer: Observer,
-                 tracing: Tracing, settings: Settings, mesh: MeshAuth | None = None) -> None:
+                 tracing: Tracing, settings: Settings, mesh: MeshAuth | None = None,
+                 off_loop: OffLoop | None = None) -> None:
         self.mesh = mesh
+        self.off_loop = off_loop or OffLoop()
         self.tracing = tracing
         self.keys = keys
         self.forwarder = forwarder
@@ -53,12 +59,15 @@ class SystemOneRoute:
         body = None
         error: ArbiterError | None = None
         try:
-            body = jsonbody.loads(intake.raw)
+            raw = intake.raw  # a small body is decoded here, on the loop: no extra await on the hot path
+            body = jsonbody.loads(raw) if len(raw) <= OFF_LOOP_BYTES else await self.parse_big(principal, raw, record)
             request = self.prepare(body, record)
             outcome = await self.forwarder.decide(principal, body, request, len(intake.raw),
                                                   intake.forward_headers)
         except ArbiterError as exc:
-            error = exc
+            # Its traceback holds this frame, which holds it: a cycle that keeps the body (up to
+            # 32 MiB) until a full collection, rare here (app/main.py's GC thresholds).
+            error = exc.with_traceback(None)
         except Exception:
             log.exception("unexpected error in a decision request")
             error = ArbiterError("internal error; the request id is in X-Request-Id")
@@ -86,6 +95,31 @@ class SystemOneRoute:
 
     async def send_error(self, send: Send, error: ArbiterError, *, close: bool = False) -> None:
         await asgi.send_error(send, error, close=close)
+
+    async def parse_big(self, principal: Principal, raw: bytes, record: RequestRecord) -> Any:
+        """A body over OFF_LOOP_BYTES, parsed: measured first and refused undecoded when its text
+        cannot pass (textbound.py), then decoded in a worker thread, off the event loop (offloop.py)."""
+        await self.refuse_early(principal, raw, record)
+        return await self.off_loop.run(jsonbody.loads, raw)
+
+    async def refuse_early(self, principal: Principal, raw: bytes, record: RequestRecord) -> None:
+        """Refuse a big body whose text floor is over the limit it is held to (forward.py's
+        ``early_limit``), before it is decoded. A body that names its model first and has no media
+        is counted at once; any other is probed first (msgspec: which bytes are media)."""
+        probe = textbound.leading(raw)
+        floor = None
+        if probe is not None:
+            limit, refusal = self.forwarder.early_limit(principal, probe)
+            floor = await self.off_loop.run(functools.partial(textbound.plain_floor, over=limit), raw)
+        if probe is None or floor is None:
+            probe = await self.off_loop.run(textbound.probe, raw)
+            limit, refusal = self.forwarder.early_limit(principal, probe)
+            if probe.can_exceed(limit):
+                floor = await self.off_loop.run(functools.partial(textbound.text_floor, probe=probe, over=limit),
+                                                raw)
+        record.model = probe.model
+        if floor is not None and floor > limit:
+            raise refusal(floor)
 
     def prepare(self, body: Any, record: RequestRecord) -> DecisionRequest:
         """Validate the parsed body (ValidationFailed, 400) and note the model on the record."""

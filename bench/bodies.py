@@ -1,0 +1,144 @@
+"""Big bodies against the event loop: does one tenant's 30 MiB body freeze the process?
+
+    .venv/bin/python bench/bodies.py [--mib 30] [--concurrent 3] [--shape objects|numbers] [--rounds 1]
+
+Starts the Ollama emulator and one `arbiter serve` the way bench/run.py does (a throw-away
+SQLite deployment in a temp dir), then sends ``--concurrent`` bodies of ``--mib`` MiB at once,
+each ``{"model", "questions", "state": [{}, {}, ...]}`` (tiny values: millions of them), while a
+thread polls ``GET /healthz`` every ~10 ms on its own keep-alive connection and samples Arbiter's
+resident memory. Prints each big request's status and time, the worst and median /healthz
+latency while they were under way, and Arbiter's peak RSS growth over its idle RSS.
+Goal (issue #19): /healthz under 50 ms at its worst, and under +200 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import run  # bench/ is not a package when run
+
+GOAL_HEALTHZ_MS = 50.0
+GOAL_RSS_MB = 200.0
+POLL_SECONDS = 0.01
+QUESTIONS = b'{"urgent":{"type":"noul","instructions":"Reply within the hour?"}}'
+SHAPES = {"objects": b"{}", "numbers": b"0"}
+
+
+def big_body(mib: int, shape: str) -> bytes:
+    head = b'{"model":"' + run.GATEWAY_MODEL.encode() + b'","questions":' + QUESTIONS + b',"state":['
+    item = SHAPES[shape]
+    count = (mib * 1024 * 1024 - len(head) - 2) // (len(item) + 1)
+    return head + b",".join([item] * count) + b"]}"
+
+
+class Watch(threading.Thread):
+    """Polls /healthz and samples RSS until stopped; keeps every latency and the peak RSS."""
+
+    def __init__(self, port: int, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.port, self.pid = port, pid
+        self.latencies: list[float] = []
+        self.peak_rss = run.rss_mb(pid)
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        while not self.stopping.is_set():
+            started = time.perf_counter()
+            connection.request("GET", "/healthz")
+            response = connection.getresponse()
+            response.read()
+            self.latencies.append(time.perf_counter() - started)
+            self.peak_rss = max(self.peak_rss, run.rss_mb(self.pid))
+            time.sleep(POLL_SECONDS)
+        connection.close()
+
+
+def send(port: int, key: str, body: bytes, results: list[tuple[int, float, bytes]]) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    started = time.perf_counter()
+    connection.request("POST", "/v1/systemone", body=body,
+                       headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    response = connection.getresponse()
+    answer = response.read()
+    results.append((response.status, time.perf_counter() - started, answer[:160]))
+    connection.close()
+
+
+def one_round(cluster: run.Cluster, body: bytes, concurrent: int) -> dict[str, Any]:
+    pid = cluster.procs["arbiter"].pid
+    idle_rss = run.rss_mb(pid)
+    watch = Watch(cluster.arbiter_port, pid)
+    watch.start()
+    time.sleep(0.5)  # a few idle polls first: the connection is warm when the load starts
+    idle_polls = len(watch.latencies)
+    results: list[tuple[int, float, bytes]] = []
+    senders = [threading.Thread(target=send, args=(cluster.arbiter_port, cluster.arbiter_key, body, results))
+               for _ in range(concurrent)]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join()
+    watch.stopping.set()
+    watch.join()
+    loaded = watch.latencies[idle_polls:] or [0.0]
+    return {
+        "requests": [{"status": s, "seconds": round(t, 3), "answer": a.decode(errors="replace")}
+                     for s, t, a in results],
+        "healthz_polls": len(loaded),
+        "healthz_worst_ms": max(loaded) * 1000,
+        "healthz_p50_ms": statistics.median(loaded) * 1000,
+        "rss_idle_mb": idle_rss,
+        "rss_peak_mb": watch.peak_rss,
+        "rss_growth_mb": watch.peak_rss - idle_rss,
+    }
+
+
+def report(number: int, result: dict[str, Any]) -> bool:
+    print(f"round {number}:")
+    for request in result["requests"]:
+        print(f"  POST /v1/systemone -> {request['status']} in {request['seconds']:.3f} s: {request['answer'][:100]}")
+    ok = result["healthz_worst_ms"] < GOAL_HEALTHZ_MS and result["rss_growth_mb"] < GOAL_RSS_MB
+    print(f"  /healthz while they ran: worst {result['healthz_worst_ms']:.1f} ms, p50 {result['healthz_p50_ms']:.2f} ms "
+          f"({result['healthz_polls']} polls; goal < {GOAL_HEALTHZ_MS:.0f} ms)")
+    print(f"  arbiter RSS: idle {result['rss_idle_mb']:.0f} MB, peak {result['rss_peak_mb']:.0f} MB, "
+          f"growth {result['rss_growth_mb']:+.0f} MB (goal < +{GOAL_RSS_MB:.0f} MB)   {'PASS' if ok else 'FAIL'}")
+    return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=30)
+    parser.add_argument("--concurrent", type=int, default=3)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="objects")
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    body = big_body(args.mib, args.shape)
+    print(f"body: {len(body)} bytes of {args.shape} (state: [{SHAPES[args.shape].decode()}, ...]), "
+          f"{args.concurrent} at once, commit {run.git_commit()}")
+    cluster = run.Cluster(Path(tempfile.mkdtemp(prefix="arbiter-bodies-")))
+    passed = True
+    try:
+        cluster.cli("migrate")
+        cluster.start("emulator", [str(run.ARBITER), "emulate", "ollama", "--port", str(cluster.emulator_port)])
+        run.wait_http(cluster, f"http://127.0.0.1:{cluster.emulator_port}/api/version", "emulator")
+        run.setup_arbiter(cluster)
+        for number in range(1, args.rounds + 1):
+            passed = report(number, one_round(cluster, body, args.concurrent)) and passed
+    finally:
+        cluster.close()
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
