@@ -22,7 +22,7 @@ class MeshBackend(HttpBackendBase):
     def __init__(self, url: str, auth: MeshAuth, *, connect_timeout: float, pool_size: int) -> None:
         super().__init__(url, connect_timeout=connect_timeout, pool_size=pool_size)
         self._auth = auth
-        self.target = ANY_NODE  # the peer's node name, once known (the signature is only good there)
+        self.target = ANY_NODE  # the peer's node name, once known (a credential for any node is refused)
 
     @property
     def has_credential(self) -> bool:
@@ -54,10 +54,10 @@ class MeshBackend(HttpBackendBase):
 
     async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> AiohttpStream:
         data = orjson.dumps(body)
-        authorization, _ = self._auth.sign("POST", path, data, options.mesh_hops + 1, options.tenant_salt,
-                                           self.target)
+        signed, _ = self._auth.sign("POST", path, data, target=self.target, hops=options.mesh_hops + 1,
+                                    salt=options.tenant_salt)
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", "User-Agent": "arbiter",
-                   **options.headers, "Authorization": authorization}
+                   **options.headers, **signed}
         stream = await self._open(path, data, headers, options)
         stream.credential_refused = stream.header(REFUSED_HEADER) == "1"
         return stream

@@ -5,11 +5,10 @@ seconds (backing off while it is down); a peer that connects to this node is ans
 ``receive``. After every change the mesh's models are handed to the registry, which the
 forwarding paths read: a model not on this node goes to a peer that has it, as to a replica.
 
-A link opens with an introduction: before this node knows a peer's name it cannot sign for it,
-so it signs a first exchange for any node (``*``) that carries no models; the peer answers with
-its name (proved with the mesh key) and records nothing, and every exchange after that is
-signed for that name. An introduction captured and replayed to another node therefore gains
-nothing there.
+A link opens with an introduction (hello.py): an unsigned ``GET`` whose answer is the peer's
+name, proved with the mesh key; every exchange is signed for that name, and a credential for any
+node (``*``) is refused. A peer's exchange is proved on its head before its body is read
+(``admit``), and its body checked against the signed digest once read (``receive``).
 """
 
 from __future__ import annotations
@@ -19,10 +18,10 @@ import contextlib
 import datetime as dt
 import logging
 import random
-import re
 import socket
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -35,14 +34,22 @@ from app.db.session import Database
 from app.errors import (
     ArbiterError,
     AuthenticationFailed,
-    BackendFailed,
     Conflict,
     InvalidRequest,
     NotFound,
     TooLarge,
 )
-from app.mesh.auth import ANY_NODE, NONCE_LIFETIME, PROOF_HEADER, WINDOW, MeshAuth, valid_node_name
+from app.mesh.auth import (
+    NONCE_LIFETIME,
+    PROOF_HEADER,
+    SCHEME,
+    WINDOW,
+    Claim,
+    MeshAuth,
+    valid_node_name,
+)
 from app.mesh.backend import MeshBackend
+from app.mesh.hello import IntroductionFailed, introduce
 from app.mesh.nonces import nonce_store
 from app.mesh.peer import Peer, configured_peers, loopback, normalized_url
 from app.mesh.protocol import (
@@ -67,7 +74,6 @@ _UNLIMITED_TEXT = 1 << 62  # the node that has the model applies its own text li
 # Added to a mesh route's timeout once per hop: each node on the way waits a little longer than
 # the next one, so the node nearest the model times out first and its answer comes back.
 HOP_MARGIN = 5.0
-_LENGTH = re.compile(r"[0-9]{1,20}")  # a Content-Length in ASCII digits ("²" passes str.isdigit())
 
 
 class Mesh:
@@ -256,12 +262,22 @@ class Mesh:
             await asyncio.sleep(delay * random.uniform(0.85, 1.0))
 
     async def _exchange(self, peer: Peer) -> None:
+        assert self._client is not None and self.auth is not None and peer.url is not None
         if peer.name is None:  # an introduction first: it gives the name the exchange is signed for
-            hello = await self._send(peer, self._introduction(), ANY_NODE)
-            if hello is None:
+            try:
+                name, proven = await introduce(self._client, self.auth, peer.url)
+            except IntroductionFailed as failure:
+                self._lost(peer, failure.message, state=failure.state, level=failure.level)
                 return
-            peer.name, peer.version, peer.decision_models = hello.node, hello.version, hello.decision_models
-        announcement = await self._send(peer, self._announcement(peer.name, peer.decision_models is not False),
+            # Another mesh key, or not the node it names: an exchange without models, signed for
+            # that name, which a node with another key refuses (and both sides say so) and a node
+            # that is not the one named cannot answer with a proof.
+            if not proven and await self._send(peer, self._introduction(), name) is None:
+                return
+            peer.name = name
+        # The mesh's decision models go only to a peer known to take them (the first exchange
+        # says): one that does not would refuse the whole list for another node's model.
+        announcement = await self._send(peer, self._announcement(peer.name, peer.decision_models is True),
                                         peer.name)
         if announcement is None:
             return
@@ -276,11 +292,11 @@ class Mesh:
         state then says why)."""
         assert self._client is not None and self.auth is not None and peer.url is not None
         body = orjson.dumps(payload)
-        authorization, nonce = self.auth.sign("POST", EXCHANGE_PATH, body, target=target)
+        signed, nonce = self.auth.sign("POST", EXCHANGE_PATH, body, target=target)
         url = peer.url + EXCHANGE_PATH
         try:
             async with self._client.stream("POST", url, content=body, headers={
-                    "Authorization": authorization, "Content-Type": "application/json"}) as response:
+                    **signed, "Content-Type": "application/json"}) as response:
                 answer = await _read_capped(response)
         except httpx.TimeoutException:
             self._lost(peer, f"{peer.url} did not answer within {self._client.timeout.read:g}s")
@@ -337,44 +353,41 @@ class Mesh:
 
     # -- exchanges peers start -------------------------------------------------------
 
-    def early_refusal(self, authorization: str | None, content_length: str | None,
-                      address: str | None) -> tuple[int, bytes, dict[str, str]] | None:
-        """The answer to an exchange refused before its body is read (no mesh, a credential that is
-        malformed, late or meant for another node, a body over the cap), or None to go on."""
-        if self.auth is None:
-            return _error(NotFound("this node is not in a mesh"))
+    async def admit(self, headers: Mapping[str, str], path: str, address: str | None) -> Claim:
+        """The claim of an exchange, proved on its head before a byte of its body is read; an
+        ArbiterError to answer at once otherwise (no mesh, a credential this node refuses, a body
+        over the cap), with ``Connection: close``: the unread body is not taken as a next request."""
+        authorization = headers.get("authorization")
         try:
-            if authorization is None or not authorization.startswith("ArbiterMesh "):
-                raise AuthenticationFailed("a mesh credential is needed")
-            self.auth.claim(authorization, "POST", EXCHANGE_PATH, any_target=True)
-        except AuthenticationFailed as error:
-            self._refuse(authorization, address, error)
-            return _error(error)
-        if content_length is not None and (not _LENGTH.fullmatch(content_length)
-                                           or int(content_length) > MAX_EXCHANGE_BYTES):
-            return _error(TooLarge(f"a model list is at most {MAX_EXCHANGE_BYTES} bytes"))
-        return None
+            if self.auth is None:
+                raise NotFound("this node is not in a mesh")
+            try:
+                if authorization is None or not authorization.startswith(SCHEME):
+                    raise AuthenticationFailed("a mesh credential is needed")
+                claim = await self.auth.admit(authorization, "POST", path, headers)
+            except AuthenticationFailed as error:
+                self._refuse(_claimed_node(authorization), address, error)
+                raise
+            if int(headers.get("content-length") or 0) > MAX_EXCHANGE_BYTES:  # admit read its digits
+                raise TooLarge(f"a model list is at most {MAX_EXCHANGE_BYTES} bytes")
+        except ArbiterError as error:
+            error.headers["Connection"] = "close"
+            raise
+        return claim
 
-    def _refuse(self, authorization: str | None, address: str | None, error: ArbiterError) -> None:
-        claimed = _claimed_node(authorization)
+    def _refuse(self, claimed: str | None, address: str | None, error: ArbiterError) -> None:
         self._refused.append({"at": dt.datetime.now(dt.UTC).isoformat(), "peer": claimed,
                               "address": address, "reason": error.message})
         log.warning("refused a mesh exchange from %s (claims to be %s): %s", address, claimed, error.message)
 
-    async def receive(self, authorization: str | None, body: bytes,
-                      address: str | None) -> tuple[int, bytes, dict[str, str]]:
-        """A peer's exchange: ``(status, body, headers)`` of the answer."""
-        if self.auth is None:
-            return _error(NotFound("this node is not in a mesh"))
+    async def receive(self, claim: Claim, body: bytes, address: str | None) -> tuple[int, bytes, dict[str, str]]:
+        """A peer's exchange, admitted on its head and now read whole: ``(status, body, headers)``
+        of the answer."""
+        assert self.auth is not None  # admit let the exchange in
         try:
-            if authorization is None or not authorization.startswith("ArbiterMesh "):
-                raise AuthenticationFailed("a mesh credential is needed")
-            claim = self.auth.claim(authorization, "POST", EXCHANGE_PATH, any_target=True)
-            await self.auth.verify(claim, body)
+            self.auth.verify_body(claim, body)
         except AuthenticationFailed as error:
-            self._refuse(authorization, address, error)
-            return _error(error)
-        except BackendFailed as error:  # the nonce store is away
+            self._refuse(claim.node, address, error)
             return _error(error)
         try:
             announcement = self._reader.read(orjson.loads(body))
@@ -384,11 +397,6 @@ class Mesh:
             return _error(InvalidRequest("the model list's node is not the node that signed it"))
         if announcement.node == self.name:
             return _error(Conflict(f"this node is also called {self.name}; every node needs its own name"))
-        if claim.target == ANY_NODE:
-            # An introduction: who this node is, and nothing recorded or shared. Signed for any
-            # node, it may have been captured on its way to another one and replayed here.
-            answer = orjson.dumps({**self._introduction(), "accepted": True, "reason": None})
-            return 200, answer, {PROOF_HEADER: self.auth.answer_proof(claim.nonce, answer)}
         key = f"in:{announcement.node}"
         peer = self._peers.get(key)
         if peer is None:  # its state change below says it connected (or was refused)
@@ -558,7 +566,7 @@ def _error_message(body: bytes) -> str:
 
 
 def _claimed_node(authorization: str | None) -> str | None:
-    if not authorization or not authorization.startswith("ArbiterMesh "):
+    if not authorization or not authorization.startswith(SCHEME):
         return None
     parts = authorization.split(";")
     return parts[1][:100] if len(parts) > 1 else None

@@ -26,7 +26,7 @@ from tests.support import decision, free_port, wait_for
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("ARBITER_TEST_DATABASE_URL")),
     reason="each node has its own SQLite database: this runs once, in the SQLite pass")
-MESH_KEY = "e2e-mesh-key"
+MESH_KEY = "e2e-mesh-key-of-the-whole-process-tests-0123"
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
@@ -85,7 +85,7 @@ def make_node(tmp_path: Path) -> Iterator[Any]:
         url = f"http://127.0.0.1:{free_port()}"
         env = {**environment(database_url), "ARBITER_MESH_KEY": mesh_key, "ARBITER_MESH_NODE_NAME": name,
                "ARBITER_MESH_URL": url, "ARBITER_MESH_PEERS": ",".join(p.url for p in peers),
-               "ARBITER_FLUSH_INTERVAL": "0.2", "ARBITER_SECRET_KEY": "e2e-secret-key-of-the-tests"}
+               "ARBITER_FLUSH_INTERVAL": "0.2", "ARBITER_SECRET_KEY": "e2e-secret-key-of-the-whole-process-tests"}
         run(["migrate"], env)
         run(["service", "add", "--type", "ollama", "--url", emulator.url, "--name", "ollama"], env)
         run(["project", "create", f"shop-{name}"], env)
@@ -153,7 +153,7 @@ def test_three_served_nodes_share_their_models(make_node: Any) -> None:
 
 def test_a_wrong_mesh_key_is_refused_and_visible_on_both_sides(make_node: Any) -> None:
     b = make_node("node-b")
-    d = make_node("node-d", [b], mesh_key="a-different-key")
+    d = make_node("node-d", [b], mesh_key="a-different-mesh-key-of-the-e2e-tests-0123")
     peer = wait_for(lambda: next((p for p in d.admin_call("GET", "/admin/mesh").json()["peers"]
                                   if p["state"] == "key_rejected"), None), timeout=10)
     assert "refused this node's mesh key" in peer["error"]

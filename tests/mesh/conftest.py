@@ -16,7 +16,7 @@ from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
 from tests.support import Gateway, Stack, start_gateway, wait_for
 
-MESH_KEY = "the-mesh-secret-of-this-test"
+MESH_KEY = "the-mesh-secret-of-this-test-suite-0123456789"
 
 
 @dataclass

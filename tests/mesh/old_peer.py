@@ -7,6 +7,7 @@ announces its own models (none of which can answer decisions) with ``decision_mo
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import httpx
@@ -14,7 +15,8 @@ import orjson
 from aiohttp import web
 
 from app.errors import AuthenticationFailed
-from app.mesh.auth import ANY_NODE, PROOF_HEADER, MeshAuth
+from app.mesh.auth import PROOF_HEADER, MeshAuth
+from app.mesh.hello import HELLO_PATH, hello_answer
 from app.mesh.protocol import EXCHANGE_PATH
 
 VERSION = "0.9.0"
@@ -41,11 +43,16 @@ def make_old_peer_app(key: str, name: str = "old-node", models: list[dict[str, A
     announced = models if models is not None else [
         {"name": "legacy-chat", "type": "ollama", "capabilities": ["completion"], "path": [name]}]
 
+    async def hello(request: web.Request) -> web.Response:
+        status, answer, headers = hello_answer(auth, request.query.get("nonce"))
+        return web.Response(body=answer, status=status, content_type="application/json", headers=headers)
+
     async def exchange(request: web.Request) -> web.Response:
-        body = await request.read()
         try:
-            claim = auth.claim(request.headers.get("Authorization", ""), "POST", EXCHANGE_PATH, any_target=True)
-            await auth.verify(claim, body)
+            claim = await auth.admit(request.headers.get("Authorization", ""), "POST", EXCHANGE_PATH,
+                                     request.headers)
+            body = await request.read()
+            auth.verify_body(claim, body)
         except AuthenticationFailed as error:
             return web.json_response({"error": error.message}, status=401)
         theirs = orjson.loads(body)
@@ -60,22 +67,22 @@ def make_old_peer_app(key: str, name: str = "old-node", models: list[dict[str, A
                             headers={PROOF_HEADER: auth.answer_proof(claim.nonce, raw)})
 
     app = web.Application()
+    app.router.add_get(HELLO_PATH, hello)
     app.router.add_post(EXCHANGE_PATH, exchange)
     return app
 
 
 def connect_as_old_node(url: str, key: str, refused: str | None, name: str = "old-node") -> httpx.Response:
-    """An older node connecting to the node at ``url``, as it would: a first exchange signed for
-    any node, then one signed for the name the answer gave. ``refused``: why it refused the model
-    list that node answered with before (None: it did not)."""
+    """An older node connecting to the node at ``url``, as it would: an introduction, then an
+    exchange signed for the name it gave. ``refused``: why it refused the model list that node
+    answered with before (None: it did not)."""
     auth = MeshAuth(key, name)
-    target = ANY_NODE
-    for _ in range(2):
-        body = orjson.dumps({"protocol": 1, "node": name, "url": None, "version": VERSION, "decision_models": False,
-                             "refused": refused, "models": [{"name": "legacy-chat", "type": "ollama",
-                                                             "capabilities": ["completion"], "path": [name]}]})
-        authorization, _ = auth.sign("POST", EXCHANGE_PATH, body, target=target)
-        response = httpx.post(url + EXCHANGE_PATH, content=body, headers={"Authorization": authorization})
-        response.raise_for_status()
-        target = response.json()["node"]
+    introduction = httpx.get(url + HELLO_PATH, params={"nonce": secrets.token_hex(16)})
+    introduction.raise_for_status()
+    body = orjson.dumps({"protocol": 1, "node": name, "url": None, "version": VERSION, "decision_models": False,
+                         "refused": refused, "models": [{"name": "legacy-chat", "type": "ollama",
+                                                         "capabilities": ["completion"], "path": [name]}]})
+    headers, _ = auth.sign("POST", EXCHANGE_PATH, body, target=introduction.json()["node"])
+    response = httpx.post(url + EXCHANGE_PATH, content=body, headers=headers)
+    response.raise_for_status()
     return response

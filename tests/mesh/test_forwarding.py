@@ -129,7 +129,7 @@ def test_removal_and_peer_loss_show_up_within_seconds(mesh_node: Callable[..., N
 
 def test_a_wrong_mesh_key_is_refused_and_both_sides_say_so(mesh_node: Callable[..., Node]) -> None:
     b = mesh_node("node-b", models={"tev1": ["decision"]})
-    a = mesh_node("node-a", peers=[b.url], mesh_key="not-the-mesh-key")
+    a = mesh_node("node-a", peers=[b.url], mesh_key="not-the-mesh-key-of-this-test-suite-0123456789")
     wait_for(lambda: (a.mesh()["peers"][0]["state"] == "key_rejected"))
     peer = a.mesh()["peers"][0]
     assert "refused this node's mesh key" in peer["error"] and peer["models"] == []
@@ -202,29 +202,28 @@ def test_forwarded_requests_need_the_mesh_credential(mesh_node: Callable[..., No
     body = orjson.dumps(decision("tev1"))
     good = MeshAuth(MESH_KEY, "node-x")
     with httpx.Client(base_url=b.url) as client:
-        authorization, _ = good.sign("POST", "/v1/systemone", body, target="node-b")
-        ok = client.post("/v1/systemone", content=body, headers={"Authorization": authorization})
+        signed, _ = good.sign("POST", "/v1/systemone", body, target="node-b")
+        ok = client.post("/v1/systemone", content=body, headers=signed)
         assert ok.status_code == 200, ok.text
         # The same credential again (a replay), a wrong key, another body, a made-up scheme.
-        replayed = client.post("/v1/systemone", content=body, headers={"Authorization": authorization})
+        replayed = client.post("/v1/systemone", content=body, headers=signed)
         assert_error(replayed, 401, "authentication_error")
         assert replayed.headers["X-Arbiter-Mesh-Refused"] == "1"  # the sender's mesh key, not its request
         wrong, _ = MeshAuth("another key", "node-x").sign("POST", "/v1/systemone", body, target="node-b")
-        assert_error(client.post("/v1/systemone", content=body, headers={"Authorization": wrong}),
-                     401, "authentication_error")
+        assert_error(client.post("/v1/systemone", content=body, headers=wrong), 401, "authentication_error")
         signed, _ = good.sign("POST", "/v1/systemone", body, target="node-b")
-        assert_error(client.post("/v1/systemone", content=body.replace(b"tev1", b"tev2"),
-                                 headers={"Authorization": signed}), 401, "authentication_error")
+        assert_error(client.post("/v1/systemone", content=body.replace(b"tev1", b"tev2"), headers=signed),
+                     401, "authentication_error")
         assert_error(client.post("/v1/systemone", content=body, headers={"Authorization": "ArbiterMesh v1;x"}),
                      401, "authentication_error")
         # Meant for another node (a request captured on its way to C, replayed to B), or for any node.
         for target in ("node-c", "*"):
             elsewhere, _ = good.sign("POST", "/v1/systemone", body, target=target)
-            refused = client.post("/v1/systemone", content=body, headers={"Authorization": elsewhere})
+            refused = client.post("/v1/systemone", content=body, headers=elsewhere)
             assert_error(refused, 401, "authentication_error")
         # Signed by the node itself: a loop.
         own, _ = MeshAuth(MESH_KEY, "node-b").sign("POST", "/v1/systemone", body, target="node-b")
-        assert "loop" in client.post("/v1/systemone", content=body, headers={"Authorization": own}).text
+        assert "loop" in client.post("/v1/systemone", content=body, headers=own).text
     time.sleep(0.3)
     assert _usage(b) == []  # a forwarded request is billed by the node it entered
 
@@ -233,19 +232,20 @@ def test_a_credential_with_digits_that_are_not_ascii_is_a_401(mesh_node: Callabl
     b = mesh_node("node-b", models={"tev1": ["decision"]})
     body = orjson.dumps(decision("tev1"))
     auth = MeshAuth(MESH_KEY, "node-x")
-    for path, target in (("/v1/systemone", "node-b"), ("/mesh/v1/exchange", "*")):
-        parts = auth.sign("POST", path, body, target=target)[0].split(";")
+    for path, target in (("/v1/systemone", "node-b"), ("/mesh/v1/exchange", "node-b")):
+        signed = auth.sign("POST", path, body, target=target)[0]
+        parts = signed["Authorization"].split(";")
         for index in (3, 5):  # the time, the hop count: "²" passes str.isdigit(), not int()
             header = ";".join([*parts[:index], "²", *parts[index + 1:]]).encode("latin-1")
-            response = httpx.post(f"{b.url}{path}", content=body, headers={"Authorization": header})
+            response = httpx.post(f"{b.url}{path}", content=body, headers={**signed, "Authorization": header})
             assert "malformed" in assert_error(response, 401, "authentication_error")["error"]
 
 
 def test_a_standalone_node_refuses_mesh_credentials(mesh_node: Callable[..., Node]) -> None:
     b = mesh_node("node-b", models={"tev1": ["decision"]}, mesh_key=None)
     body = orjson.dumps(decision("tev1"))
-    authorization, _ = MeshAuth(MESH_KEY, "node-x").sign("POST", "/v1/systemone", body, target="node-b")
-    response = httpx.post(f"{b.url}/v1/systemone", content=body, headers={"Authorization": authorization})
+    headers, _ = MeshAuth(MESH_KEY, "node-x").sign("POST", "/v1/systemone", body, target="node-b")
+    response = httpx.post(f"{b.url}/v1/systemone", content=body, headers=headers)
     assert_error(response, 401, "authentication_error")
     assert b.mesh()["enabled"] is False
     assert httpx.post(f"{b.url}/mesh/v1/exchange", content=b"{}").status_code == 404
@@ -273,8 +273,8 @@ def test_the_hop_limit_stops_a_request(mesh_node: Callable[..., Node]) -> None:
     body = orjson.dumps(decision("tev1"))
     auth = MeshAuth(MESH_KEY, "node-x")
     for hops, status in ((1, 200), (2, 404)):
-        authorization, _ = auth.sign("POST", "/v1/systemone", body, hops, target="node-b")
-        response = httpx.post(f"{b.url}/v1/systemone", content=body, headers={"Authorization": authorization})
+        headers, _ = auth.sign("POST", "/v1/systemone", body, hops=hops, target="node-b")
+        response = httpx.post(f"{b.url}/v1/systemone", content=body, headers=headers)
         assert response.status_code == status, response.text
 
 

@@ -70,58 +70,87 @@ def test_an_answer_without_accepted_counts_as_accepted() -> None:
     assert (refused.accepted, refused.reason) == (False, "too new for me")
 
 
-def _verify(auth: MeshAuth, claim: Claim, body: bytes) -> None:
-    asyncio.run(auth.verify(claim, body))
+def _admit(auth: MeshAuth, headers: dict[str, str], body: bytes, method: str = "POST",
+           path: str = "/v1/systemone", length: int | None = None) -> Claim:
+    """The receiver's head check, as a route runs it: the signed headers and the body's length."""
+    head = {k.lower(): v for k, v in headers.items()}
+    head["content-length"] = str(len(body) if length is None else length)
+    return asyncio.run(auth.admit(head["authorization"], method, path, head))
 
 
-def test_signatures_bind_key_body_path_hops_and_salt() -> None:
+def test_signatures_bind_key_path_length_digest_hops_and_salt() -> None:
     sender, receiver = MeshAuth("k", "node-a"), MeshAuth("k", "node-b", MemoryNonces())
-    header, _ = sender.sign("POST", "/v1/systemone", b"{}", hops=2, salt="ab" * 16, target="node-b")
-    claim = receiver.claim(header, "POST", "/v1/systemone")
+    headers, _ = sender.sign("POST", "/v1/systemone", b"{}", hops=2, salt="ab" * 16, target="node-b")
+    assert headers["Authorization"].startswith("ArbiterMesh v2;node-a;node-b;")
+    claim = _admit(receiver, headers, b"{}")
     assert (claim.node, claim.hops, claim.salt) == ("node-a", 2, "ab" * 16)
-    _verify(receiver, claim, b"{}")
-    for method, path, body in (("POST", "/v1/systemone", b"{ }"), ("POST", "/api/chat", b"{}")):
+    receiver.verify_body(claim, b"{}")
+    with pytest.raises(AuthenticationFailed, match="not the one that was signed"):
+        receiver.verify_body(claim, b"{ }")
+    other_digest = {"X-Arbiter-Mesh-Body-Digest": "sha256=" + "0" * 64}
+    for changed in ({"method": "PUT"}, {"path": "/api/chat"}, {"path": "/v1/systemone?x=1"}, {"length": 3}):
         fresh, _ = sender.sign("POST", "/v1/systemone", b"{}", hops=2, target="node-b")
-        with pytest.raises(AuthenticationFailed):
-            _verify(receiver, receiver.claim(fresh, method, path), body)
-    tampered = header.replace(";2;", ";1;")
-    with pytest.raises(AuthenticationFailed):
-        _verify(receiver, receiver.claim(tampered, "POST", "/v1/systemone"), b"{}")
+        with pytest.raises(AuthenticationFailed, match="wrong mesh key"):
+            _admit(receiver, fresh, b"{}", **changed)  # type: ignore[arg-type]
+    fresh, _ = sender.sign("POST", "/v1/systemone", b"{}", hops=2, target="node-b")
+    with pytest.raises(AuthenticationFailed, match="wrong mesh key"):
+        _admit(receiver, {**fresh, **other_digest}, b"{}")
+    tampered, _ = sender.sign("POST", "/v1/systemone", b"{}", hops=2, target="node-b")
+    tampered["Authorization"] = tampered["Authorization"].replace(";2;", ";1;")
+    with pytest.raises(AuthenticationFailed, match="wrong mesh key"):
+        _admit(receiver, tampered, b"{}")
 
 
 def test_old_credentials_and_malformed_ones_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     auth = MeshAuth("k", "node-a")
-    receiver = MeshAuth("k", "node-b")
-    header, _ = auth.sign("POST", "/p", b"", target="node-b")
+    receiver = MeshAuth("k", "node-b", MemoryNonces())
+    headers, _ = auth.sign("POST", "/p", b"", target="node-b")
     real = time.time
     monkeypatch.setattr(time, "time", lambda: real() + 120)
     with pytest.raises(AuthenticationFailed, match="time window"):
-        receiver.claim(header, "POST", "/p")
-    for bad in ("ArbiterMesh ", "ArbiterMesh v2;a;b;1;2;3;-;4",
-                "ArbiterMesh v1;a b;node-b;1;" + "0" * 32 + ";1;-;" + "0" * 64):
+        _admit(receiver, headers, b"", path="/p")
+    monkeypatch.setattr(time, "time", real)
+    for bad in ("ArbiterMesh ", "ArbiterMesh v2;a;b;1;2;3;-;4", "ArbiterMesh v3;a;node-b;1;2;3;-;4",
+                "ArbiterMesh v2;a b;node-b;1;" + "0" * 32 + ";1;-;" + "0" * 64):
         with pytest.raises(AuthenticationFailed, match="malformed"):
-            receiver.claim(bad, "POST", "/p")
+            _admit(receiver, {**headers, "Authorization": bad}, b"", path="/p")
+    # No length (a chunked body) or no digest: the credential cannot be checked on the head.
+    unsent = {k.lower(): v for k, v in auth.sign("POST", "/p", b"", target="node-b")[0].items()}
+    with pytest.raises(AuthenticationFailed, match="Content-Length"):
+        asyncio.run(receiver.admit(unsent["authorization"], "POST", "/p", unsent))
+    with pytest.raises(AuthenticationFailed, match="Body-Digest"):
+        _admit(receiver, {"Authorization": unsent["authorization"]}, b"", path="/p")
+
+
+def test_a_v1_credential_is_refused_naming_the_node_to_upgrade() -> None:
+    receiver = MeshAuth("k", "node-b", MemoryNonces())
+    v1 = "ArbiterMesh v1;old-node;node-b;1;" + "0" * 32 + ";1;-;" + "0" * 64
+    with pytest.raises(AuthenticationFailed, match="v1 refused.*old-node .*must be upgraded"):
+        _admit(receiver, {"Authorization": v1, "X-Arbiter-Mesh-Body-Digest": "sha256=" + "0" * 64}, b"")
 
 
 def test_a_credential_is_good_only_at_its_target_and_once() -> None:
     sender = MeshAuth("k", "node-a")
     b, c = MeshAuth("k", "node-b", MemoryNonces()), MeshAuth("k", "node-c", MemoryNonces())
-    header, _ = sender.sign("POST", "/v1/systemone", b"{}", target="node-b")
+    headers, _ = sender.sign("POST", "/v1/systemone", b"{}", target="node-b")
     with pytest.raises(AuthenticationFailed, match="another node"):
-        c.claim(header, "POST", "/v1/systemone")
-    anywhere, _ = sender.sign("POST", "/mesh/v1/exchange", b"{}")
-    _verify(c, c.claim(anywhere, "POST", "/mesh/v1/exchange", any_target=True), b"{}")  # an introduction
-    with pytest.raises(AuthenticationFailed, match="another node"):
-        c.claim(anywhere, "POST", "/mesh/v1/exchange")
-    _verify(b, b.claim(header, "POST", "/v1/systemone"), b"{}")
+        _admit(c, headers, b"{}")
+    anywhere, _ = sender.sign("POST", "/mesh/v1/exchange", b"{}", target="*")
+    with pytest.raises(AuthenticationFailed, match=r"any node \(\*\) refused"):
+        _admit(c, anywhere, b"{}", path="/mesh/v1/exchange")
+    _admit(b, headers, b"{}")
     with pytest.raises(AuthenticationFailed, match="replayed"):
-        _verify(b, b.claim(header, "POST", "/v1/systemone"), b"{}")
+        _admit(b, headers, b"{}")
 
 
 def test_an_answer_proves_the_peer_holds_the_key() -> None:
     ours, theirs, impostor = MeshAuth("k", "a"), MeshAuth("k", "b"), MeshAuth("other", "b")
-    _, nonce = ours.sign("POST", "/mesh/v1/exchange", b"{}")
+    _, nonce = ours.sign("POST", "/mesh/v1/exchange", b"{}", target="b")
     assert ours.answer_valid(nonce, b"answer", theirs.answer_proof(nonce, b"answer"))
     assert not ours.answer_valid(nonce, b"answer", impostor.answer_proof(nonce, b"answer"))
     assert not ours.answer_valid(nonce, b"changed", theirs.answer_proof(nonce, b"answer"))
     assert not ours.answer_valid(nonce, b"answer", None)
+    # An introduction's proof (which anyone may ask for) never stands for an answer's, nor back.
+    assert ours.answer_valid(nonce, b"hi", theirs.introduction_proof(nonce, b"hi"), introduction=True)
+    assert not ours.answer_valid(nonce, b"hi", theirs.introduction_proof(nonce, b"hi"))
+    assert not ours.answer_valid(nonce, b"hi", theirs.answer_proof(nonce, b"hi"), introduction=True)

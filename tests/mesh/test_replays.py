@@ -1,5 +1,5 @@
 """A signed mesh request is accepted once by a node: by every replica of it, after a restart,
-and an introduction (the one exchange signed for any node) gains nothing where it was not sent."""
+and a credential signed for any node is good nowhere."""
 
 from __future__ import annotations
 
@@ -41,8 +41,7 @@ def test_a_forwarded_request_is_accepted_once_by_every_replica_and_after_a_resta
     replica = gateway_factory(mesh_key=MESH_KEY, mesh_node_name="node-b", **shared)
     wait_for(lambda: replica.app.components.registry.get("tev1") is not None)
     body = orjson.dumps(decision("tev1"))
-    authorization, _ = MeshAuth(MESH_KEY, "node-x").sign("POST", "/v1/systemone", body, target="node-b")
-    headers = {"Authorization": authorization}
+    headers, _ = MeshAuth(MESH_KEY, "node-x").sign("POST", "/v1/systemone", body, target="node-b")
     first = httpx.post(f"{b.url}/v1/systemone", content=body, headers=headers)
     assert first.status_code == 200, first.text
 
@@ -60,28 +59,36 @@ def test_a_node_whose_nonce_store_is_away_refuses_rather_than_risk_a_replay(
         mesh_node: Callable[..., Node]) -> None:
     b = mesh_node("node-b", models={"tev1": ["decision"]}, redis_url=f"redis://127.0.0.1:{closed_port()}/0")
     a = mesh_node("node-a", peers=[b.url])
-    peer = wait_for(lambda: (p := a.mesh()["peers"][0])["state"] == "unreachable" and p)  # no name yet
+    peer = wait_for(lambda: (p := a.mesh()["peers"][0])["state"] == "unreachable" and p)
     assert "HTTP 503" in peer["error"] and "nonce store is unreachable" in peer["error"]
     body = orjson.dumps(decision("tev1"))
-    authorization, _ = MeshAuth(MESH_KEY, "node-x").sign("POST", "/v1/systemone", body, target="node-b")
-    refused = httpx.post(f"{b.url}/v1/systemone", content=body, headers={"Authorization": authorization})
+    headers, _ = MeshAuth(MESH_KEY, "node-x").sign("POST", "/v1/systemone", body, target="node-b")
+    refused = httpx.post(f"{b.url}/v1/systemone", content=body, headers=headers)
     assert "nonce store is unreachable" in assert_error(refused, 503, "backend_error")["error"]
     assert refused.headers["Retry-After"] == "1"
 
 
-def test_an_introduction_replayed_to_another_node_gains_nothing_there(mesh_node: Callable[..., Node]) -> None:
+def test_a_credential_for_any_node_is_refused_and_an_introduction_records_nothing(
+        mesh_node: Callable[..., Node]) -> None:
     c = mesh_node("node-c", models={"nimble": ["decision"]})
-    # An exchange signed for any node (how a link opens), captured on its way to some node and
-    # sent to node-c: it claims a peer with a model.
+    # An exchange signed for any node (how v1 opened a link), as a capture replayed here would be:
+    # refused at once, on its head.
     body = orjson.dumps({"protocol": 1, "node": "node-x", "url": "http://127.0.0.1:9", "version": "0.1.0",
                          "decision_models": True, "refused": None,
                          "models": [{"name": "planted", "type": "ollama", "capabilities": ["decision"],
                                      "path": ["node-x"]}]})
-    authorization, nonce = MeshAuth(MESH_KEY, "node-x").sign("POST", "/mesh/v1/exchange", body)
-    answer = httpx.post(f"{c.url}/mesh/v1/exchange", content=body, headers={"Authorization": authorization})
-    assert answer.status_code == 200, answer.text
-    assert MeshAuth(MESH_KEY, "node-x").answer_valid(nonce, answer.content, answer.headers.get("X-Arbiter-Mesh-Proof"))
-    assert answer.json()["node"] == "node-c" and answer.json()["models"] == []  # its name, nothing else
+    headers, _ = MeshAuth(MESH_KEY, "node-x").sign("POST", "/mesh/v1/exchange", body, target="*")
+    refused = httpx.post(f"{c.url}/mesh/v1/exchange", content=body, headers=headers)
+    assert "any node (*) refused" in assert_error(refused, 401, "authentication_error")["error"]
+    assert refused.headers["Connection"] == "close"
+    # The introduction that opens a link now: its name, proved, and nothing recorded or shown.
+    nonce = "ab" * 16
+    hello = httpx.get(f"{c.url}/mesh/v1/hello", params={"nonce": nonce})
+    assert hello.status_code == 200, hello.text
+    assert hello.json() == {"protocol": 1, "node": "node-c"}
+    assert MeshAuth(MESH_KEY, "node-x").answer_valid(nonce, hello.content, hello.headers.get("X-Arbiter-Mesh-Proof"),
+                                                     introduction=True)
+    assert_error(httpx.get(f"{c.url}/mesh/v1/hello", params={"nonce": "x"}), 400, "invalid_request_error")
     assert c.peer("node-x") is None
     assert_error(c.client().post("/v1/systemone", json=decision("planted")), 404, "not_found_error")
 

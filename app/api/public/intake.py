@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from app.api.asgi import Receive, Scope, Send, header_map, send_error
 from app.decisions.body import ClientGone, check_length, content_encoding, read_body
 from app.errors import ArbiterError
-from app.mesh.auth import SCHEME, MeshAuth, MeshCredentialRefused
+from app.mesh.auth import SCHEME, MeshAuth, MeshCredentialRefused, request_target
 from app.telemetry.record import RequestRecord
 from app.tenancy.keycache import KeyCache
 from app.tenancy.principal import Principal
 
 _HEADERS = frozenset({b"authorization", b"content-length", b"content-encoding", b"traceparent",
-                      b"tracestate"})
+                      b"tracestate", b"x-arbiter-mesh-body-digest"})
 _PROPAGATED = ("traceparent", "tracestate")
 # Sends an error in a route's error shape: ``(send, error, close=...)``.
 ErrorSender = Callable[..., Awaitable[None]]
@@ -41,8 +41,9 @@ class Intake:
 async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_body: int,
                send_error: ErrorSender = send_error, mesh: MeshAuth | None = None) -> Intake | None:
     """The caller and the body. A tenant sends a project key; a mesh peer forwarding a request
-    sends its mesh credential instead (checked here against the body it signed). Hop headers a
-    tenant sends are never read: only the signed credential says how many hops a request took."""
+    sends its mesh credential instead (proved on the head; the body, once read, against its signed
+    digest). Hop headers a tenant sends are never read: only the signed credential says how many
+    hops a request took."""
     headers = header_map(scope, _HEADERS)
     authorization = headers.get("authorization")
     claim = None
@@ -50,7 +51,8 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
         if authorization is not None and authorization.startswith(SCHEME):
             if mesh is None:
                 raise MeshCredentialRefused("this node is not in a mesh (ARBITER_MESH_KEY is not set)")
-            claim = mesh.claim(authorization, scope["method"], scope["path"])
+            claim = await mesh.admit(authorization, scope["method"],
+                                     request_target(scope["path"], scope.get("query_string", b"")), headers)
             principal = Principal.mesh_node(claim.node, claim.hops, claim.salt)
         else:
             principal = await keys.authenticate(authorization, "project")
@@ -62,7 +64,7 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
     try:
         raw = await read_body(receive, encoding, max_body)
         if claim is not None and mesh is not None:
-            await mesh.verify(claim, raw)
+            mesh.verify_body(claim, raw)
     except ClientGone:
         return None
     except ArbiterError as error:
