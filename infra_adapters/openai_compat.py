@@ -6,20 +6,42 @@ from __future__ import annotations
 
 from typing import Any
 
-from infra_adapters.base import BackendProtocolError, CallOptions, RemoteModel, Reply
+from infra_adapters.base import (
+    BackendAuthRejected,
+    BackendProtocolError,
+    CallOptions,
+    RemoteModel,
+    Reply,
+)
 from infra_adapters.http import HttpBackendBase
+from infra_adapters.vllm import salted
 
 _ROUTES = {"openai-chat": "/v1/chat/completions"}
 _NO_DECISIONS = b'{"error": "an OpenAI-compatible server answers decisions by label reading only"}'
 
 
 class OpenAICompatBackend(HttpBackendBase):
+    """``salts_prefix_cache``: the server is a vLLM (its version was read), so chat carries the
+    project's ``cache_salt`` as a ``vllm`` service's does (SPEC §1); other servers share one cache
+    that no field of the request can split."""
+
     kind = "openai"
+    _post_through_open = False  # open() below reshapes chat bodies only
+
+    def __init__(self, url: str, *, salts_prefix_cache: bool = False, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        self.salts_prefix_cache = salts_prefix_cache
 
     def read_version(self) -> str | None:
-        """OpenAI's API has no version route; the model list says the server answers."""
-        self.list_models()
-        return None
+        """A vLLM's version, or None: OpenAI's API has no version route, but vLLM serves
+        ``GET /version`` as ``{"version": "<version>"}`` (``show_version`` in its
+        ``entrypoints/openai/api_server.py``). Any other answer (a 404, a refusal, another shape)
+        means another server; a server that cannot be reached raises, as for any backend."""
+        try:
+            data = self._admin_request("GET", "/version", missing_ok=True)
+        except (BackendProtocolError, BackendAuthRejected):
+            data = None
+        return vllm_version(data)
 
     def list_models(self) -> list[RemoteModel]:
         data = self._admin_get("/v1/models")
@@ -37,3 +59,15 @@ class OpenAICompatBackend(HttpBackendBase):
 
     def route(self, api: str) -> str | None:
         return _ROUTES.get(api)
+
+    async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> Any:
+        if self.salts_prefix_cache and options.tenant_salt is not None and path == _ROUTES["openai-chat"]:
+            body = salted(dict(body), options.tenant_salt)
+        return await super().open(path, body, options)
+
+
+def vllm_version(answer: Any) -> str | None:
+    """The version in vLLM's answer to ``GET /version`` (that key alone), else None."""
+    if isinstance(answer, dict) and set(answer) == {"version"} and isinstance(answer["version"], str):
+        return answer["version"] or None
+    return None

@@ -75,13 +75,15 @@ class OpenAILogprobsReader(HttpBackendBase):
     kind = "openai-logprobs"
 
     def __init__(self, url: str, model: str, options: CallOptions, *, dialect: str = "vllm",
-                 credential: str | None = None, **kwargs: Any) -> None:
+                 credential: str | None = None, salted: bool | None = None, **kwargs: Any) -> None:
         super().__init__(url, credential=credential, **kwargs)
         if dialect not in DIALECTS:
             raise ValueError(f"unknown dialect {dialect!r}; use one of {DIALECTS}")
         self.model = model
         self.options = options
         self.dialect = dialect
+        # Whether reads carry the call's cache_salt: vLLM's, also one read in the plain dialect.
+        self.salted = dialect == "vllm" if salted is None else salted
 
     @property
     def vllm(self) -> bool:
@@ -107,9 +109,9 @@ class OpenAILogprobsReader(HttpBackendBase):
             if token_ids:
                 body["logprob_token_ids"] = [token for ids in token_ids for token in ids]
                 body["return_tokens_as_token_ids"] = True
-            salt = (options or self.options).tenant_salt
-            if salt:
-                body["cache_salt"] = salt
+        salt = (options or self.options).tenant_salt if self.salted else None
+        if salt:
+            body["cache_salt"] = salt
         return body
 
     async def read(self, messages: list[dict[str, Any]], labels: Sequence[str],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from app.decisions.label_backend import ModelReader
 from app.errors import InvalidRequest
 from app.settings import Settings
@@ -26,24 +28,32 @@ _DIALECTS = {"vllm": "vllm", "ollama": "ollama", "ollama-external": "ollama", "o
 LABEL_READ_REPLY_BYTES = 1 << 20  # one first-token answer with its top logprobs
 
 
-def make_backend(service_type: str, url: str, credential: str | None, settings: Settings) -> Backend:
+def make_backend(service_type: str, url: str, credential: str | None, settings: Settings,
+                 *, salts_prefix_cache: bool = False) -> Backend:
+    """``salts_prefix_cache``: an ``openai`` service that is a vLLM (``sync.salts_prefix_cache``)."""
     adapter = _ADAPTERS.get(service_type)
     if adapter is None:
         raise InvalidRequest(
             f"unknown service type {service_type!r}; use one of: {', '.join(sorted(_ADAPTERS))}")
-    return adapter(url, credential=credential, connect_timeout=settings.backend_connect_timeout,
-                   admin_timeout=settings.backend_admin_timeout, pool_size=settings.backend_pool_size)
+    limits: dict[str, Any] = {"credential": credential, "connect_timeout": settings.backend_connect_timeout,
+                              "admin_timeout": settings.backend_admin_timeout,
+                              "pool_size": settings.backend_pool_size}
+    if adapter is OpenAICompatBackend:
+        return OpenAICompatBackend(url, salts_prefix_cache=salts_prefix_cache, **limits)
+    return adapter(url, **limits)
 
 
 def label_reader(service_type: str, backend: Backend, model: str, credential: str | None,
                  settings: Settings) -> ModelReader:
     """What reads label logprobs of ``model`` on a service: its OpenAI-compatible chat with
     logprobs (vLLM with its extras and tokenizer; Ollama's /v1 with thinking off), or the local
-    runtime."""
+    runtime. Reads carry the project's cache salt where the backend is a vLLM (an ``openai``
+    service too, when its version said so)."""
     if isinstance(backend, LocalLlamaBackend):
         return backend.reader()
     options = CallOptions(timeout=settings.backend_timeout, max_reply_bytes=LABEL_READ_REPLY_BYTES)
+    salted = service_type == "vllm" or (isinstance(backend, OpenAICompatBackend) and backend.salts_prefix_cache)
     return OpenAILogprobsReader(backend.url, model, options, dialect=_DIALECTS.get(service_type, "openai"),
-                                credential=credential,
+                                credential=credential, salted=salted,
                                 connect_timeout=settings.backend_connect_timeout,
                                 admin_timeout=settings.backend_admin_timeout, pool_size=settings.backend_pool_size)

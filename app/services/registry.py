@@ -70,7 +70,7 @@ class Registry:
         # kept apart, so a request for one gets why (405) instead of "not installed".
         self._gated: dict[str, dict[str, ArbiterError]] = {}
         self.max_hops = settings.mesh_max_hops
-        self._backends: dict[int, tuple[tuple[str, str, str | None], Backend]] = {}
+        self._backends: dict[int, tuple[tuple[str, str, str | None, bool], Backend]] = {}
         self._label_backends: dict[tuple[int, str], LabelBackend] = {}
         self._lock = asyncio.Lock()
         self._box = CredentialBox.from_settings(settings)
@@ -133,7 +133,7 @@ class Registry:
                 (s.id, s.name, s.type, s.url, s.credential, s.text_limit, s.timeout,
                  m.public_name, m.backend_name, list(m.capabilities), m.timeout,
                  int(m.created_at.timestamp()) if m.created_at else 0, services.read_strategy_of(m, s),
-                 sync.gate_of(m, s))
+                 sync.gate_of(m, s), sync.salts_prefix_cache(s))
                 for m, s in services.all_models(session)
             ]
 
@@ -144,7 +144,7 @@ class Registry:
         live_services: set[int] = set()
         live_labels: set[tuple[int, str]] = set()
         for (service_id, service_name, service_type, url, credential, text_limit, service_timeout,
-             public, backend_name, caps, model_timeout, created, strategy, gate) in rows:
+             public, backend_name, caps, model_timeout, created, strategy, gate, salts) in rows:
             if gate is not None:
                 gated.setdefault(public, _gated_errors(public, service_name, gate))
                 continue
@@ -154,7 +154,7 @@ class Registry:
                 log.error("service %s is left out: %s", service_name, exc)
                 continue
             live_services.add(service_id)
-            backend = self._backend(service_id, service_type, url, credential)
+            backend = self._backend(service_id, service_type, url, credential, salts)
             if strategy == "labels":  # a generation model answering decisions by label reading
                 backend = self._labelled(service_id, service_type, backend_name, backend, credential)
                 live_labels.add((service_id, backend_name))
@@ -193,12 +193,13 @@ class Registry:
         self._label_backends[(service_id, backend_name)] = labelled
         return labelled
 
-    def _backend(self, service_id: int, service_type: str, url: str, credential: str | None) -> Backend:
-        identity = (service_type, url, credential)
+    def _backend(self, service_id: int, service_type: str, url: str, credential: str | None,
+                 salts_prefix_cache: bool) -> Backend:
+        identity = (service_type, url, credential, salts_prefix_cache)
         known = self._backends.get(service_id)
         if known is not None and known[0] == identity:
             return known[1]
-        backend = make_backend(service_type, url, credential, self._settings)
+        backend = make_backend(service_type, url, credential, self._settings, salts_prefix_cache=salts_prefix_cache)
         if known is not None:
             asyncio.get_running_loop().create_task(known[1].aclose())
         self._backends[service_id] = (identity, backend)

@@ -185,6 +185,8 @@ def service_view(service: Service) -> dict[str, Any]:
         "decisions_message": versions.gate_message(sync.effective_version(service)) if sync.gated(service) else None,
         "last_sync_at": iso(service.last_sync_at),
         "last_error": service.last_error, "skipped_models": service.skipped_models,
+        "prefix_cache_salted": sync.salts_prefix_cache(service) if service.type in ("vllm", "openai") else None,
+        "prefix_cache_message": sync.prefix_cache_message(service),
     }
 
 

@@ -38,7 +38,25 @@ LEASE = "service-sync"
 
 def backend_for(service: Service, settings: Settings) -> Backend:
     credential = CredentialBox.from_settings(settings).open(service.credential)
-    return make_backend(service.type, service.url, credential, settings)
+    return make_backend(service.type, service.url, credential, settings,
+                        salts_prefix_cache=salts_prefix_cache(service))
+
+
+def salts_prefix_cache(service: Service) -> bool:
+    """Whether requests to this service carry the project's ``cache_salt`` (SPEC §1), so tenants
+    do not share its prefix cache: a vLLM, also one added as an ``openai`` service (an ``openai``
+    service has a version only when its ``GET /version`` answered as vLLM's does)."""
+    return service.type == "vllm" or (service.type == "openai" and service.version is not None)
+
+
+SHARED_PREFIX_CACHE = ("This OpenAI-compatible server is not a vLLM (its /version did not answer as vLLM's does), "
+                       "so Arbiter cannot give each project its own prompt cache there: tenants share it, and "
+                       "one may time another's prompts.")
+
+
+def prefix_cache_message(service: Service) -> str | None:
+    """The one line a service's status says when its tenants share a prefix cache Arbiter cannot salt."""
+    return SHARED_PREFIX_CACHE if service.type == "openai" and not salts_prefix_cache(service) else None
 
 
 def gated(service: Service) -> bool:

@@ -223,7 +223,10 @@ def decide(state: VllmState, body: bytes) -> web.Response:
 
 
 async def handle_version(request: web.Request) -> web.Response:
-    return json_response({"version": request.app[STATE_KEY].version}, content_type=JSON)
+    version = request.app[STATE_KEY].version
+    if version is None:  # standing in for an OpenAI-compatible server that is no vLLM: no such route
+        return web.Response(status=404, body=b'{"detail":"Not Found"}', content_type="application/json")
+    return json_response({"version": version}, content_type=JSON)
 
 
 async def handle_health(request: web.Request) -> web.Response:

@@ -43,7 +43,7 @@ def default_vllm_models() -> dict[str, dict[str, Any]]:
 class VllmState:
     """Everything the vLLM emulator serves; mutate it from tests at run time."""
 
-    version: str = "0.11.0"
+    version: str | None = "0.11.0"  # None: no /version route (another OpenAI-compatible server)
     models: dict[str, dict[str, Any]] = field(default_factory=default_vllm_models)
     faults: Faults = field(default_factory=Faults)
     requests: list[RecordedRequest] = field(default_factory=list)
