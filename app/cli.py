@@ -2,7 +2,7 @@
 
     arbiter serve [--host H] [--port P]
     arbiter migrate
-    arbiter admin create-key [--name N]
+    arbiter admin create-key [--name N] [--role owner|operator|viewer|project-admin] [--project P ...]
     arbiter key create --project NAME [--name N]
     arbiter project create NAME [--models all|m1,m2] [--organization ORG]
     arbiter organization create NAME
@@ -67,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     admin = sub.add_parser("admin", help="admin keys").add_subparsers(metavar="ACTION")
     create_admin = admin.add_parser("create-key", help="create an admin key (printed once)")
     create_admin.add_argument("--name", default="", help="a label for the key")
+    create_admin.add_argument("--role", default="owner", choices=["owner", "operator", "viewer", "project-admin"],
+                              help="what the key may do (default: owner, everything)")
+    create_admin.add_argument("--project", action="append", default=[], dest="projects", metavar="NAME",
+                              help="a project a project-admin key manages (repeat for several; project-admin only)")
     create_admin.set_defaults(run=_admin_create_key)
 
     key = sub.add_parser("key", help="project keys").add_subparsers(metavar="ACTION")
@@ -166,8 +170,8 @@ def _admin_create_key(args: argparse.Namespace) -> int:
     from app.tenancy import service as tenancy
 
     value = _with_session(lambda s, c, _: tenancy.create_key(
-        s, c.hasher, tenancy.CLI, kind="admin", name=args.name)[1])
-    print("admin key created; it is shown once:")
+        s, c.hasher, tenancy.CLI, kind="admin", name=args.name, role=args.role, projects=args.projects)[1])
+    print(f"admin key ({args.role}) created; it is shown once:")
     print(value)
     return 0
 

@@ -142,6 +142,24 @@ def test_keys_made_on_the_command_line_work_over_http(migrated: dict[str, str], 
         assert_error(admin.get("/v1/models"), 401)
 
 
+def test_admin_keys_get_their_role_on_the_command_line(migrated: dict[str, str],
+                                                       serve: Callable[[], str]) -> None:
+    arbiter(migrated, "project", "create", "acme")
+    scoped = last_line(arbiter(migrated, "admin", "create-key", "--role", "project-admin", "--project", "acme"))
+    owner = last_line(arbiter(migrated, "admin", "create-key"))  # no --role: an owner
+    assert_one_line_error(arbiter(migrated, "admin", "create-key", "--role", "viewer", "--project", "acme", ok=False),
+                          "only for project-admin")
+    assert_one_line_error(arbiter(migrated, "admin", "create-key", "--role", "project-admin", ok=False),
+                          "needs its projects")
+    served = serve()
+    with httpx.Client(base_url=served, headers={"Authorization": f"Bearer {scoped}"}) as admin:
+        assert admin.get("/admin/projects/acme").status_code == 200
+        assert_error(admin.get("/admin/services"), 403, "permission_error")
+    with httpx.Client(base_url=served, headers={"Authorization": f"Bearer {owner}"}) as admin:
+        roles = {k["role"]: k["projects"] for k in admin.get("/admin/admin-keys").json()["data"]}
+        assert roles == {"project-admin": ["acme"], "owner": []}
+
+
 def test_what_the_command_line_adds_reaches_a_running_gateway(
         migrated: dict[str, str], emulator: EmulatorServer, serve: Callable[[], str]) -> None:
     migrated["ARBITER_REGISTRY_REFRESH_INTERVAL"] = "0.2"
@@ -197,6 +215,7 @@ def test_an_old_ollama_is_added_without_its_decision_models(migrated: dict[str, 
     ("ARBITER_SYNC_INTERVAL", "0", ("ARBITER_SYNC_INTERVAL", "greater than 0")),
     ("ARBITER_LOG_LEVEL", "verbose", ("ARBITER_LOG_LEVEL", "INFO")),
     ("ARBITER_SECRET_KEY", "CHANGE-ME", ("ARBITER_SECRET_KEY", "placeholder")),
+    ("ARBITER_MESH_KEY", "sekrit", ("ARBITER_MESH_KEY", "at least 32 characters", "secrets.token_urlsafe(32)")),
     ("ARBITER_DATABASE_URL", "foo://sekrit@", ("ARBITER_DATABASE_URL",)),
     ("ARBITER_DATABASE_URL", "postgresql://u:sekrit@127.0.0.1:1/db", ("cannot use the database",)),
 ])

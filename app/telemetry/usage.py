@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -259,9 +259,10 @@ def _sqlite_text(at: dt.datetime) -> str:
 
 
 def summary(session: Session, *, project: str | None = None, since: dt.date | None = None,
-            until: dt.date | None = None) -> list[dict[str, Any]]:
-    """Usage per day and per model (and per project when no project is named). Days are UTC
-    days, in the buckets as in ``since`` and ``until``."""
+            until: dt.date | None = None, projects: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """Usage per day and per model (and per project when no project is named); ``projects``
+    keeps only those projects (a project-admin's). Days are UTC days, in the buckets as in
+    ``since`` and ``until``."""
     day = _utc_day(session)
     columns = [day.label("day"), UsageRecord.model, Project.name.label("project"),
                func.count().label("requests"),
@@ -273,6 +274,8 @@ def summary(session: Session, *, project: str | None = None, since: dt.date | No
              .group_by(day, UsageRecord.model, Project.name).order_by(day, UsageRecord.model, Project.name))
     if project is not None:
         query = query.where(Project.name == project)
+    if projects is not None:
+        query = query.where(Project.name.in_(sorted(projects)))
     if since is not None:
         query = query.where(UsageRecord.at >= dt.datetime.combine(since, dt.time(), dt.UTC))
     if until is not None and until < dt.date.max:  # the last day there is bounds nothing
@@ -294,11 +297,14 @@ def _utc_day(session: Session) -> Any:
     return func.date(UsageRecord.at)
 
 
-def recent(session: Session, *, project: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+def recent(session: Session, *, project: str | None = None, limit: int = 50,
+           projects: Collection[str] | None = None) -> list[dict[str, Any]]:
     query = (select(UsageRecord, Project.name).outerjoin(Project, Project.id == UsageRecord.project_id)
              .order_by(UsageRecord.id.desc()).limit(limit))
     if project is not None:
         query = query.where(Project.name == project)
+    if projects is not None:
+        query = query.where(Project.name.in_(sorted(projects)))
     return [
         {"at": as_utc(r.at).isoformat(), "request_id": r.request_id,
          "project": name, "key_id": r.key_id, "operation": r.operation, "model": r.model,

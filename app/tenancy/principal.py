@@ -26,6 +26,10 @@ class Principal:
     # A request another mesh node forwarded (kind "mesh"): checked there, not here.
     mesh_hops: int = 0
     mesh_salt: str | None = None  # the entry node's prefix-cache salt of the caller's project
+    # Admin keys: the role (app/tenancy/roles.py; None reads as owner) and, for a project-admin,
+    # the names of the projects it may manage.
+    role: str | None = None
+    admin_projects: frozenset[str] = frozenset()
 
     def usable(self, now: dt.datetime) -> bool:
         if self.revoked_at is not None and self.revoked_at <= now:

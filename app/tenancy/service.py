@@ -16,6 +16,7 @@ from app.db.timestamps import as_utc
 from app.errors import Conflict, InvalidRequest, NotFound
 from app.tenancy.keys import KeyHasher, same_digest
 from app.tenancy.principal import Principal
+from app.tenancy.roles import OWNER, PROJECT_ADMIN, checked_role
 from app.text import path_name_problem, text_problem
 
 DEFAULT_ORGANIZATION = "default"
@@ -131,10 +132,16 @@ def list_projects(session: Session) -> list[Project]:
 
 def create_key(session: Session, hasher: KeyHasher, actor: Actor, *, kind: str,
                project: str | None = None, name: str = "",
-               expires_at: dt.datetime | None = None) -> tuple[ApiKey, str]:
-    """A new key and its value (the only time the value exists outside the caller)."""
+               expires_at: dt.datetime | None = None, role: str | None = None,
+               projects: list[str] | None = None) -> tuple[ApiKey, str]:
+    """A new key and its value (the only time the value exists outside the caller). An admin
+    key has a ``role`` (omitted: owner) and, for a project-admin, the ``projects`` it manages."""
     if name:
         _check_name(name, "key")
+    if kind != "admin" and (role is not None or projects):
+        raise InvalidRequest("only admin keys have a role and projects")
+    admin_role, managed = checked_role(role, projects) if kind == "admin" else (None, [])
+    managed_ids = sorted(get_project(session, p).id for p in managed) or None
     project_id = None
     if kind == "project":
         if not project:
@@ -147,13 +154,15 @@ def create_key(session: Session, hasher: KeyHasher, actor: Actor, *, kind: str,
         expires_at = _expiry(expires_at)
     new = hasher.new(kind)
     key = ApiKey(kind=kind, project_id=project_id, name=name, digest=new.digest, prefix=new.prefix,
-                 last_four=new.last_four, expires_at=expires_at)
+                 last_four=new.last_four, expires_at=expires_at, role=admin_role, admin_projects=managed_ids)
     session.add(key)
     session.flush()
+    details: dict[str, Any] = {"project": project, "name": name,
+                               "expires_at": expires_at.isoformat() if expires_at else None}
+    if kind == "admin":
+        details.update(role=admin_role, projects=managed)
     audit.record(session, actor=actor.name, action=f"{kind}_key.create",
-                 target=f"key:{key.id}:{key.prefix}", request_id=actor.request_id,
-                 details={"project": project, "name": name,
-                          "expires_at": expires_at.isoformat() if expires_at else None})
+                 target=f"key:{key.id}:{key.prefix}", request_id=actor.request_id, details=details)
     return key, new.value
 
 
@@ -211,9 +220,12 @@ def rotate_key(session: Session, hasher: KeyHasher, key_id: int, actor: Actor, *
     if expires_at is not None and expires_at <= now:
         raise Conflict(f"key {key_id} has expired; create a new key instead")
     project = session.get(Project, old.project_id) if old.project_id else None
+    # An admin key's successor has its role and projects: a rotation never widens nor narrows it.
+    role, managed = ((old.role or OWNER, admin_project_names(session, old))
+                     if old.kind == "admin" else (None, None))
     new, value = create_key(session, hasher, actor, kind=old.kind,
                             project=project.name if project else None, name=old.name,
-                            expires_at=expires_at)
+                            expires_at=expires_at, role=role, projects=managed)
     new.requests_per_minute, new.tokens_per_minute = old.requests_per_minute, old.tokens_per_minute
     grace_end = now + dt.timedelta(seconds=grace_seconds)
     if revoked_at is not None:  # a revocation already set for later is not postponed
@@ -240,9 +252,34 @@ def list_keys(session: Session, *, project: str | None = None, kind: str | None 
     return list(session.scalars(query))
 
 
+def project_name_of(session: Session, project_id: int) -> str | None:
+    """The name of project ``project_id``; None for no such project."""
+    project = session.get(Project, project_id) if 0 < project_id < 2**31 else None
+    return project.name if project is not None else None
+
+
+def project_of_key(session: Session, key_id: int) -> str | None:
+    """The project of project key ``key_id``; None for an admin key or no such key."""
+    key = session.get(ApiKey, key_id) if 0 < key_id < 2**31 else None
+    return key_project_name(session, key) if key is not None and key.kind == "project" else None
+
+
 def key_project_name(session: Session, key: ApiKey) -> str | None:
     project = session.get(Project, key.project_id) if key.project_id else None
     return project.name if project else None
+
+
+def admin_project_names(session: Session, key: ApiKey) -> list[str]:
+    """The names of the projects a project-admin key manages (none for another key)."""
+    ids = [i for i in key.admin_projects or [] if isinstance(i, int)]
+    if key.kind != "admin" or not ids:
+        return []
+    return sorted(session.scalars(select(Project.name).where(Project.id.in_(ids))))
+
+
+def admin_key_view(session: Session, key: ApiKey) -> dict[str, Any]:
+    """An admin key as the admin API shows it: a key's view with its role and projects."""
+    return {**key_view(key), "role": key.role or OWNER, "projects": admin_project_names(session, key)}
 
 
 def key_view(key: ApiKey, project_name: str | None = None) -> dict[str, Any]:
@@ -288,6 +325,9 @@ def load_principal(session: Session, digest: str) -> Principal | None:
         project_rpm=project.requests_per_minute if project else None,
         project_tpm=project.tokens_per_minute if project else None,
         key_rpm=key.requests_per_minute, key_tpm=key.tokens_per_minute,
+        role=(key.role or OWNER) if key.kind == "admin" else None,
+        admin_projects=(frozenset(admin_project_names(session, key))
+                        if key.kind == "admin" and key.role == PROJECT_ADMIN else frozenset()),
     )
 
 
@@ -314,11 +354,11 @@ def ensure_bootstrap_admin_key(session: Session, hasher: KeyHasher, value: str) 
     if not value.startswith("arb_admin_") or len(value) < 30:
         raise InvalidRequest("ARBITER_BOOTSTRAP_ADMIN_KEY must start with 'arb_admin_' and be 30+ characters")
     key = ApiKey(kind="admin", digest=hasher.digest(value), prefix=value[:14], last_four=value[-4:],
-                 name="bootstrap")
+                 name="bootstrap", role=OWNER)
     session.add(key)
     session.flush()
     audit.record(session, actor="environment", action="admin_key.create", target=f"key:{key.id}:{key.prefix}",
-                 details={"name": "bootstrap"})
+                 details={"name": "bootstrap", "role": OWNER})
     return True
 
 

@@ -12,9 +12,12 @@ from sqlalchemy.orm import Session
 
 from app import audit
 from app.telemetry import usage
+from app.tenancy import roles
 from app.tenancy import service as tenancy
+from app.tenancy.roles import Need
 from app.ui import charts
-from app.ui.web import UiRoute, components, render, signed_in
+from app.ui.roles import permitted
+from app.ui.web import UiRoute, components, render
 
 router = APIRouter(route_class=UiRoute)
 log = logging.getLogger("arbiter.ui")
@@ -24,16 +27,17 @@ AUDIT_PAGE = 100
 
 @router.get("/usage")
 async def usage_page(request: Request, project: str = "", days: str = "14") -> Response:
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.SCOPED_READ)
+    visible = roles.visible_projects(admin.principal) if admin.principal is not None else frozenset()
     period = int(days) if days.isdigit() and int(days) in PERIODS else 14  # anything else: the default
     last = dt.datetime.now(dt.UTC).date()
     first = last - dt.timedelta(days=period - 1)
 
     def work(s: Session) -> tuple[list[str], list[dict[str, Any]], list[dict[str, Any]]]:
-        names = [p.name for p in tenancy.list_projects(s)]
-        chosen = project if project in names else None
-        return (names, usage.summary(s, project=chosen, since=first, until=last),
-                usage.recent(s, project=chosen, limit=50))
+        names = [p.name for p in tenancy.list_projects(s) if visible is None or p.name in visible]
+        chosen = project if project in names else None  # a project-admin's own projects only
+        return (names, usage.summary(s, project=chosen, since=first, until=last, projects=visible),
+                usage.recent(s, project=chosen, limit=50, projects=visible))
     names, rows, recent = await components(request).in_session(work)
     chosen = project if project in names else ""
     return render(request, "usage.html", admin, projects=names, project=chosen, days=period, periods=PERIODS,
@@ -58,7 +62,7 @@ def _totals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @router.get("/audit")
 async def audit_page(request: Request, before_id: str = "") -> Response:
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.READ)
     before = int(before_id) if before_id.isdigit() and 1 <= int(before_id) <= 2**62 else None  # else page 1
     entries = await components(request).in_session(
         lambda s: audit.entries(s, limit=AUDIT_PAGE, before_id=before))
@@ -68,7 +72,7 @@ async def audit_page(request: Request, before_id: str = "") -> Response:
 
 @router.get("/mesh")
 async def mesh_page(request: Request) -> Response:
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.READ)
     status, error = await mesh_status(components(request))
     return render(request, "mesh.html", admin, mesh=status, error=error)
 

@@ -12,6 +12,8 @@ from app.api.admin.schemas import ModelInstallRequest, ModelUpdate
 from app.errors import InvalidRequest
 from app.services import catalog
 from app.services import service as services
+from app.tenancy.roles import Need
+from app.ui.roles import permitted
 from app.ui.web import (
     FORM_ERRORS,
     Admin,
@@ -29,7 +31,6 @@ from app.ui.web import (
     posted,
     redirect,
     render,
-    signed_in,
     validated,
 )
 
@@ -101,13 +102,13 @@ def _cards(model_views: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @router.get("/models")
 async def models_page(request: Request, done: str = "", install: int | None = None) -> Response:
-    return await _page(request, await signed_in(request), done=done, install=install)
+    return await _page(request, await permitted(request, Need.READ), done=done, install=install)
 
 
 @router.post("/models/install")
 async def install(request: Request) -> Response:
     """A catalog model (form ``install:<name>``) or a custom one (form ``custom``)."""
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.OPERATE)
     form = await posted(request, admin)
     custom = form.get("form") == "custom"
     form_id = "custom" if custom else f"install:{form.get('model')}"
@@ -156,7 +157,7 @@ def _int(raw: str, problem: str) -> int:
 
 @router.post("/models/installs/{install_id}/cancel")
 async def cancel(request: Request, install_id: int) -> Response:
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.OPERATE)
     await posted(request, admin)
     try:
         await components(request).installer.cancel(install_id, admin.actor)
@@ -167,7 +168,7 @@ async def cancel(request: Request, install_id: int) -> Response:
 
 @router.post("/models/{model_id}/uninstall")
 async def uninstall(request: Request, model_id: int) -> Response:
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.OPERATE)
     await posted(request, admin)
     c = components(request)
 
@@ -186,7 +187,7 @@ async def uninstall(request: Request, model_id: int) -> Response:
 async def change(request: Request, model_id: int) -> Response:
     """Rename a model (services sharing a public name are replicas), set its own timeout, or turn
     label reading on or off."""
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.OPERATE)
     form = await posted(request, admin)
     c = components(request)
     try:

@@ -13,7 +13,10 @@ from app.api.admin.schemas import KeyCreate, KeyRotate, ProjectCreate, ProjectUp
 from app.db.models import Project
 from app.errors import InvalidRequest
 from app.services import service as services
+from app.tenancy import roles
 from app.tenancy import service as tenancy
+from app.tenancy.roles import Need
+from app.ui.roles import permitted
 from app.ui.shelf import COOKIE as SHELF_COOKIE
 from app.ui.shelf import SHELF_SECONDS
 from app.ui.web import (
@@ -27,7 +30,6 @@ from app.ui.web import (
     posted,
     redirect,
     render,
-    signed_in,
     ui_state,
     validated,
     whole,
@@ -51,13 +53,16 @@ def _model_names(s: Session) -> list[str]:
 
 @router.get("/projects")
 async def list_page(request: Request) -> Response:
-    return await _list(request, await signed_in(request))
+    return await _list(request, await permitted(request, Need.SCOPED_READ))
 
 
 async def _list(request: Request, admin: Admin, *, status: int = 200, error: str | None = None,
                 values: dict[str, str] | None = None, current: Any = "all") -> Response:
+    visible = roles.visible_projects(admin.principal) if admin.principal is not None else frozenset()
+
     def work(s: Session) -> tuple[list[dict[str, Any]], list[str]]:
-        return [tenancy.project_view(p) for p in tenancy.list_projects(s)], _model_names(s)
+        return ([tenancy.project_view(p) for p in tenancy.list_projects(s) if visible is None or p.name in visible],
+                _model_names(s))
     projects, names = await components(request).in_session(work)
     chosen = current if isinstance(current, list) else []
     return render(request, "projects.html", admin, status=status, projects=projects,
@@ -67,7 +72,7 @@ async def _list(request: Request, admin: Admin, *, status: int = 200, error: str
 
 @router.post("/projects")
 async def create(request: Request) -> Response:
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.OWNER)
     form = await posted(request, admin)
     try:
         body = validated(ProjectCreate, {"name": form.get("name"), "models": _allowlist(form),
@@ -126,7 +131,7 @@ async def _detail(request: Request, admin: Admin, project_id: int, *, status: in
 
 @router.get("/projects/{project_id}")
 async def detail_page(request: Request, project_id: int, done: str = "") -> Response:
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.PROJECT_READ, project_id=project_id)
     carried = request.cookies.get(SHELF_COOKIE)
     new_key = await ui_state(request).new_keys.take(admin.session, project_id, carried)  # shown once, then gone
     if new_key is None and done in ("key", "rotated"):
@@ -157,9 +162,9 @@ def _page(project_id: int) -> str:
     return f"/ui/projects/{project_id}"
 
 
-async def _update(request: Request, project_id: int, form_id: str, fields: Any) -> Response:
-    """Apply a project change (``fields(form)`` gives update_project's arguments)."""
-    admin = await signed_in(request)
+async def _update(request: Request, project_id: int, form_id: str, fields: Any, need: Need) -> Response:
+    """Apply a project change (``fields(form)`` gives update_project's arguments), if ``need`` is granted."""
+    admin = await permitted(request, need, project_id=project_id)
     form = await posted(request, admin)
     c = components(request)
     try:
@@ -180,7 +185,7 @@ async def set_models(request: Request, project_id: int) -> Response:
     def fields(form: Form) -> dict[str, Any]:
         body = validated(ProjectUpdate, {"models": _allowlist(form)})
         return {"models": body.models, "set_models": True}
-    return await _update(request, project_id, "models", fields)
+    return await _update(request, project_id, "models", fields, Need.OWNER)
 
 
 @router.post("/projects/{project_id}/limits")
@@ -191,7 +196,7 @@ async def set_limits(request: Request, project_id: int) -> Response:
             "tokens_per_minute": whole(form, "tokens_per_minute", "Tokens per minute")})
         return {"limits": {"requests_per_minute": body.requests_per_minute,
                            "tokens_per_minute": body.tokens_per_minute}}
-    return await _update(request, project_id, "limits", fields)
+    return await _update(request, project_id, "limits", fields, Need.PROJECT_MANAGE)
 
 
 @router.post("/projects/{project_id}/archive")
@@ -200,14 +205,14 @@ async def set_archived(request: Request, project_id: int) -> Response:
         if form.get("archived") not in ("true", "false"):
             raise InvalidRequest("Archived must be true or false")
         return {"archived": form.get("archived") == "true"}
-    return await _update(request, project_id, "archive", fields)
+    return await _update(request, project_id, "archive", fields, Need.OWNER)
 
 
 @router.post("/projects/{project_id}/keys")
 async def create_key(request: Request, project_id: int) -> Response:
     """A new project key: kept for one display and shown by the project page after the redirect
     (Post/Redirect/Get), so a reload neither shows it again nor makes another."""
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.PROJECT_MANAGE, project_id=project_id)
     form = await posted(request, admin)
     c = components(request)
     try:
@@ -229,7 +234,7 @@ async def create_key(request: Request, project_id: int) -> Response:
 async def rotate_key(request: Request, key_id: int) -> Response:
     """As POST /admin/keys/{id}/rotate: a successor (shown once, as a new key is) and the old key
     working on for the grace period."""
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.KEY_MANAGE, key_id=key_id)
     form = await posted(request, admin)
     c = components(request)
     project_id = whole(form, "project", "project") or 0
@@ -255,7 +260,7 @@ async def rotate_key(request: Request, key_id: int) -> Response:
 
 @router.post("/keys/{key_id}/revoke")
 async def revoke_key(request: Request, key_id: int) -> Response:
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.KEY_MANAGE, key_id=key_id)
     form = await posted(request, admin)
     c = components(request)
     project_id = whole(form, "project", "project") or 0

@@ -15,6 +15,9 @@ from app.errors import InvalidRequest
 from app.services import service as services
 from app.services import sync
 from app.services.backends import SERVICE_TYPES
+from app.tenancy import roles
+from app.tenancy.roles import Need
+from app.ui.roles import check, permitted
 from app.ui.web import (
     FORM_ERRORS,
     Admin,
@@ -58,12 +61,16 @@ async def _list(request: Request, admin: Admin, *, status: int = 200, error: str
 
 @router.get("/services")
 async def list_page(request: Request, done: str = "") -> Response:
-    return await _list(request, await signed_in(request), done=done)
+    admin = await signed_in(request)
+    if admin.principal is not None and roles.role_of(admin.principal) == roles.PROJECT_ADMIN:
+        return redirect("/ui/projects")  # the UI's home; a project-admin's is its projects
+    await check(request, admin, Need.READ)
+    return await _list(request, admin, done=done)
 
 
 @router.post("/services")
 async def add(request: Request) -> Response:
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.OPERATE)
     form = await posted(request, admin)
     c = components(request)
     try:
@@ -111,12 +118,12 @@ async def _detail(request: Request, admin: Admin, service_id: int, *, status: in
 
 @router.get("/services/{service_id}")
 async def detail_page(request: Request, service_id: int, done: str = "") -> Response:
-    return await _detail(request, await signed_in(request), service_id, done=done)
+    return await _detail(request, await permitted(request, Need.READ), service_id, done=done)
 
 
 @router.post("/services/{service_id}")
 async def change(request: Request, service_id: int) -> Response:
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.OPERATE)
     form = await posted(request, admin)
     c = components(request)
     try:
@@ -138,7 +145,7 @@ async def change(request: Request, service_id: int) -> Response:
 
 @router.post("/services/{service_id}/refresh")
 async def refresh(request: Request, service_id: int) -> Response:
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.OPERATE)
     await posted(request, admin)
     c = components(request)
 
@@ -159,7 +166,7 @@ async def refresh(request: Request, service_id: int) -> Response:
 
 @router.post("/services/{service_id}/delete")
 async def remove(request: Request, service_id: int) -> Response:
-    admin = await signed_in(request)
+    admin = await permitted(request, Need.OPERATE)
     await posted(request, admin)
     c = components(request)
     try:

@@ -27,7 +27,9 @@ from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 from app.components import Components
 from app.errors import ArbiterError, InvalidRequest, NotFound, TooLarge
 from app.mesh.nonces import DatabaseNonces
+from app.tenancy import roles, ui_sessions
 from app.tenancy import service as tenancy
+from app.tenancy.principal import Principal
 from app.tenancy.service import Actor
 from app.ui.session import COOKIE, COOKIE_PATH, CSRF_FIELD, CSRF_HEADER, SessionSigner, UiSession
 from app.ui.shelf import SPENT_SECONDS, KeyShelf
@@ -97,23 +99,33 @@ class Admin:
     key_prefix: str
     actor: Actor
     csrf: str
+    principal: Principal | None = None  # its role: what the pages offer (app/ui/roles.py checks it)
+
+    def can(self, need: str, project: str | None = None) -> bool:
+        """Whether this admin's role allows ``need`` (a roles.Need value), for the templates."""
+        return self.principal is not None and roles.allows(self.principal, roles.Need(need), project)
 
 
 async def signed_in(request: Request) -> Admin:
-    """The request's admin, after checking the cookie's signature and expiry and that the admin
-    key is still usable (a revoked or expired key ends the session)."""
+    """The request's admin, after checking the cookie's signature and expiry, that its session is
+    live in the database (app/tenancy/ui_sessions.py), and that the admin key is still usable (a
+    revoked or expired key ends the session)."""
     state = ui_state(request)
     session = state.signer.verify(request.cookies.get(COOKIE))
     if session is None:
         expired = COOKIE in request.cookies
         raise SignInRequired("Your session has expired; sign in again." if expired else None)
     c = components(request)
-    principal = await c.in_session(lambda s: tenancy.principal_by_id(s, session.key_id))
+    idle = dt.timedelta(minutes=c.settings.ui_session_idle_minutes)
+    ended, principal = await c.in_session(lambda s: (ui_sessions.check(s, session.token, session.key_id, idle),
+                                                      tenancy.principal_by_id(s, session.key_id)))
     if principal is None or principal.kind != "admin" or not principal.usable(dt.datetime.now(dt.UTC)):
-        raise SignInRequired("Your session ended: the admin key was revoked or has expired.")
+        raise SignInRequired(ui_sessions.KEY_GONE.reason)
+    if ended is not None:  # signed out, idle, past its age, or its key rotated: on every replica
+        raise SignInRequired(ended.reason)
     request_id = request.scope.get("state", {}).get("request_id")
     return Admin(session, principal.key_id, principal.key_prefix, Actor(principal.actor, request_id),
-                 state.signer.csrf(session))
+                 state.signer.csrf(session), principal)
 
 
 class Form:

@@ -29,6 +29,9 @@ def test_the_bootstrap_key_is_registered_once(db: Database) -> None:
     assert admin_keys(db) == ["bootstrap"]
     with db.session() as session:
         assert tenancy.key_registered(session, KeyHasher(), VALUE)
+        principal = tenancy.load_principal(session, KeyHasher().digest(VALUE))
+        assert principal is not None and principal.role == "owner"  # the first key may do everything
+        assert session.scalar(select(ApiKey.role).where(ApiKey.name == "bootstrap")) == "owner"
     replica.database.dispose()
 
 

@@ -63,6 +63,13 @@ class KeyCreate(_Strict):
     expires_at: dt.datetime | None = None
 
 
+class AdminKeyCreate(KeyCreate):
+    # owner, operator, viewer or project-admin (app/tenancy/roles.py); omitted: owner.
+    role: Literal["owner", "operator", "viewer", "project-admin"] | None = None
+    # project-admin only (and required there): the names of the projects it manages.
+    projects: list[SafeStr] | None = Field(None, max_length=1000)
+
+
 class KeyRotate(_Strict):
     grace_seconds: int = Field(3600, ge=0, le=30 * 86400)
 

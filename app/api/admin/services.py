@@ -8,20 +8,21 @@ from fastapi import APIRouter
 from sqlalchemy.orm import Session
 
 from app.api.admin.schemas import ServiceCreate, ServiceUpdate
-from app.api.deps import AdminDep, AdminRoute, ComponentsDep
+from app.api.deps import AdminDep, AdminRoute, ComponentsDep, needs
 from app.services import service as services
 from app.services import sync
+from app.tenancy.roles import Need
 
 router = APIRouter(prefix="/admin", route_class=AdminRoute)
 
 
-@router.get("/services")
+@router.get("/services", dependencies=[needs(Need.READ)])
 async def list_services(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     views = await c.in_session(lambda s: [services.service_view(x) for x in services.list_services(s)])
     return {"data": [with_backoffs(v, c) for v in views]}
 
 
-@router.post("/services", status_code=201)
+@router.post("/services", status_code=201, dependencies=[needs(Need.OPERATE)])
 async def add_service(body: ServiceCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> dict[str, Any]:
         service = services.add_service(s, c.settings, actor, type=body.type, url=body.url, name=body.name,
@@ -36,12 +37,12 @@ async def add_service(body: ServiceCreate, actor: AdminDep, c: ComponentsDep) ->
     return with_backoffs(view, c)
 
 
-@router.get("/services/{name}")
+@router.get("/services/{name}", dependencies=[needs(Need.READ)])
 async def get_service(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     return with_backoffs(await c.in_session(lambda s: services.service_view(services.get_service(s, name))), c)
 
 
-@router.patch("/services/{name}")
+@router.patch("/services/{name}", dependencies=[needs(Need.OPERATE)])
 async def update_service(name: str, body: ServiceUpdate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     changes = body.model_dump(exclude_unset=True)
     view = await c.in_change(lambda s: services.service_view(
@@ -56,13 +57,13 @@ def with_backoffs(view: dict[str, Any], c: Any) -> dict[str, Any]:
     return view
 
 
-@router.delete("/services/{name}", status_code=204)
+@router.delete("/services/{name}", status_code=204, dependencies=[needs(Need.OPERATE)])
 async def remove_service(name: str, actor: AdminDep, c: ComponentsDep) -> None:
     await c.in_change(lambda s: services.remove_service(s, name, actor))
     await c.changed_models()
 
 
-@router.post("/services/{name}/refresh")
+@router.post("/services/{name}/refresh", dependencies=[needs(Need.OPERATE)])
 async def refresh_service(name: str, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> dict[str, Any]:
         service = services.get_service(s, name)
@@ -73,7 +74,7 @@ async def refresh_service(name: str, actor: AdminDep, c: ComponentsDep) -> dict[
     return view
 
 
-@router.get("/services/{name}/models")
+@router.get("/services/{name}/models", dependencies=[needs(Need.READ)])
 async def list_service_models(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> list[dict[str, Any]]:
         service = services.get_service(s, name)
@@ -81,6 +82,6 @@ async def list_service_models(name: str, _actor: AdminDep, c: ComponentsDep) -> 
     return {"data": await c.in_session(work)}
 
 
-@router.get("/models")
+@router.get("/models", dependencies=[needs(Need.READ)])
 async def list_models(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     return {"data": await c.in_session(lambda s: [services.model_view(m, x) for m, x in services.all_models(s)])}

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from sqlalchemy.orm import Session
 
 from app import audit
 from app.api.admin.schemas import (
+    AdminKeyCreate,
     KeyCreate,
     KeyRotate,
     KeyUpdate,
@@ -16,13 +17,22 @@ from app.api.admin.schemas import (
     ProjectCreate,
     ProjectUpdate,
 )
-from app.api.deps import AdminDep, AdminRoute, ComponentsDep
+from app.api.deps import (
+    AdminDep,
+    AdminPrincipalDep,
+    AdminRoute,
+    ComponentsDep,
+    needs,
+    refuse_unless,
+)
+from app.tenancy import roles
 from app.tenancy import service as tenancy
+from app.tenancy.roles import Need
 
 router = APIRouter(prefix="/admin", route_class=AdminRoute)
 
 
-@router.post("/organizations", status_code=201)
+@router.post("/organizations", status_code=201, dependencies=[needs(Need.OWNER)])
 async def create_organization(body: OrganizationCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> dict[str, Any]:
         org = tenancy.create_organization(s, body.name, actor)
@@ -30,24 +40,31 @@ async def create_organization(body: OrganizationCreate, actor: AdminDep, c: Comp
     return await c.in_change(work)
 
 
-@router.get("/projects")
-async def list_projects(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
-    return {"data": await c.in_session(lambda s: [tenancy.project_view(p) for p in tenancy.list_projects(s)])}
+@router.get("/projects", dependencies=[needs(Need.SCOPED_READ)])
+async def list_projects(who: AdminPrincipalDep, c: ComponentsDep) -> dict[str, Any]:
+    """Every project; a project-admin's own projects only."""
+    visible = roles.visible_projects(who)
+    return {"data": await c.in_session(lambda s: [tenancy.project_view(p) for p in tenancy.list_projects(s)
+                                                  if visible is None or p.name in visible])}
 
 
-@router.post("/projects", status_code=201)
+@router.post("/projects", status_code=201, dependencies=[needs(Need.OWNER)])
 async def create_project(body: ProjectCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     return await c.in_change(lambda s: tenancy.project_view(tenancy.create_project(
         s, body.name, actor, models=body.models, organization=body.organization)))
 
 
-@router.get("/projects/{name}")
+@router.get("/projects/{name}", dependencies=[needs(Need.PROJECT_READ, "name")])
 async def get_project(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     return await c.in_session(lambda s: tenancy.project_view(tenancy.get_project(s, name)))
 
 
-@router.patch("/projects/{name}")
-async def update_project(name: str, body: ProjectUpdate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+@router.patch("/projects/{name}", dependencies=[needs(Need.PROJECT_MANAGE, "name")])
+async def update_project(request: Request, name: str, body: ProjectUpdate, actor: AdminDep, who: AdminPrincipalDep,
+                         c: ComponentsDep) -> dict[str, Any]:
+    """A project's limits (a project-admin's too), its allowlist and archiving (an owner's only)."""
+    if body.model_fields_set & {"models", "archived"}:
+        await refuse_unless(request, who, Need.OWNER, None)
     limits: dict[str, int | None] = {f: getattr(body, f) for f in ("requests_per_minute", "tokens_per_minute")
                                      if f in body.model_fields_set}
     view = await c.in_change(lambda s: tenancy.project_view(tenancy.update_project(
@@ -57,13 +74,13 @@ async def update_project(name: str, body: ProjectUpdate, actor: AdminDep, c: Com
     return view
 
 
-@router.get("/projects/{name}/keys")
+@router.get("/projects/{name}/keys", dependencies=[needs(Need.PROJECT_READ, "name")])
 async def list_project_keys(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     return {"data": await c.in_session(
         lambda s: [tenancy.key_view(k, name) for k in tenancy.list_keys(s, project=name)])}
 
 
-@router.post("/projects/{name}/keys", status_code=201)
+@router.post("/projects/{name}/keys", status_code=201, dependencies=[needs(Need.PROJECT_MANAGE, "name")])
 async def create_project_key(name: str, body: KeyCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> dict[str, Any]:
         key, value = tenancy.create_key(s, c.hasher, actor, kind="project", project=name,
@@ -72,21 +89,24 @@ async def create_project_key(name: str, body: KeyCreate, actor: AdminDep, c: Com
     return await c.in_change(work)
 
 
-@router.get("/admin-keys")
+@router.get("/admin-keys", dependencies=[needs(Need.READ)])
 async def list_admin_keys(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
-    return {"data": await c.in_session(lambda s: [tenancy.key_view(k) for k in tenancy.list_keys(s, kind="admin")])}
+    return {"data": await c.in_session(
+        lambda s: [tenancy.admin_key_view(s, k) for k in tenancy.list_keys(s, kind="admin")])}
 
 
-@router.post("/admin-keys", status_code=201)
-async def create_admin_key(body: KeyCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+@router.post("/admin-keys", status_code=201, dependencies=[needs(Need.OWNER)])
+async def create_admin_key(body: AdminKeyCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
+    """An admin key with a role (omitted: owner, as its creator is) and, for a project-admin,
+    the projects it manages. Only an owner gets here."""
     def work(s: Session) -> dict[str, Any]:
         key, value = tenancy.create_key(s, c.hasher, actor, kind="admin", name=body.name,
-                                        expires_at=body.expires_at)
-        return {**tenancy.key_view(key), "key": value}
+                                        expires_at=body.expires_at, role=body.role, projects=body.projects)
+        return {**tenancy.admin_key_view(s, key), "key": value}
     return await c.in_change(work)
 
 
-@router.patch("/keys/{key_id}")
+@router.patch("/keys/{key_id}", dependencies=[needs(Need.KEY_MANAGE, "key_id")])
 async def update_key(key_id: int, body: KeyUpdate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     """A key's own limits (requests and tokens per minute; null: none)."""
     limits = body.model_dump(exclude_unset=True)
@@ -95,7 +115,7 @@ async def update_key(key_id: int, body: KeyUpdate, actor: AdminDep, c: Component
     return view
 
 
-@router.post("/keys/{key_id}/revoke")
+@router.post("/keys/{key_id}/revoke", dependencies=[needs(Need.KEY_MANAGE, "key_id")])
 async def revoke_key(key_id: int, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> dict[str, Any]:
         key = tenancy.revoke_key(s, key_id, actor)
@@ -105,7 +125,8 @@ async def revoke_key(key_id: int, actor: AdminDep, c: ComponentsDep) -> dict[str
     return view
 
 
-@router.post("/keys/{key_id}/rotate", status_code=201)
+@router.post("/keys/{key_id}/rotate", status_code=201,
+             dependencies=[needs(Need.KEY_MANAGE, "key_id")])
 async def rotate_key(key_id: int, body: KeyRotate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> dict[str, Any]:
         key, value = tenancy.rotate_key(s, c.hasher, key_id, actor, grace_seconds=body.grace_seconds)
@@ -115,7 +136,7 @@ async def rotate_key(key_id: int, body: KeyRotate, actor: AdminDep, c: Component
     return view
 
 
-@router.get("/audit")
+@router.get("/audit", dependencies=[needs(Need.READ)])
 async def audit_log(_actor: AdminDep, c: ComponentsDep, limit: int = 100,
                     before_id: Annotated[int | None, Query(ge=1, le=2**62)] = None) -> dict[str, Any]:
     limit = max(1, min(limit, 1000))

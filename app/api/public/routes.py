@@ -1,18 +1,21 @@
-"""Public routes served by FastAPI: /v1/models, /healthz, /readyz (and the documented
+"""Public routes served by FastAPI: /v1/models, /v1/usage, /healthz, /readyz (and the documented
 shape of /v1/systemone, whose POST is taken by the lean route before FastAPI sees it)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.api.deps import ComponentsDep, ProjectDep
 from app.db import migrate
+from app.errors import InvalidRequest
+from app.telemetry import usage
 
 router = APIRouter()
 log = logging.getLogger("arbiter.api")
@@ -28,6 +31,23 @@ async def list_models(principal: ProjectDep, components: ComponentsDep) -> dict[
         data.append({"id": entry.public_name, "object": "model", "created": first.created,
                      "owned_by": first.provider, "capabilities": sorted(entry.capabilities)})
     return {"object": "list", "data": data}
+
+
+@router.get("/v1/usage")
+async def project_usage(principal: ProjectDep, components: ComponentsDep, since: dt.date | None = None,
+                        until: dt.date | None = None,
+                        days: Annotated[int | None, Query(ge=1, le=3660)] = None) -> dict[str, Any]:
+    """The key's own project's usage per day and model: the admin API's query (GET
+    /admin/projects/{name}/usage), for the project only. ``days``: the last N UTC days, today
+    included, instead of ``since``."""
+    if days is not None:
+        if since is not None:
+            raise InvalidRequest("give either days or since, not both")
+        since = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=days - 1)
+    name = principal.project_name or ""
+    rows = await components.in_session(lambda s: usage.summary(s, project=name, since=since, until=until))
+    return {"project": name, "since": since.isoformat() if since else None,
+            "until": until.isoformat() if until else None, "data": rows}
 
 
 @router.get("/healthz")
