@@ -1,4 +1,10 @@
-"""The append-only audit log of admin changes: actor, action, target, time, request id."""
+"""The append-only audit log of admin changes: actor, action, target, time, request id.
+
+``request_id`` is always Arbiter's own id for the request; the ``X-Request-Id`` a caller sent
+is kept beside it as ``client_request_id`` (app/request_ids.py), since a caller can name its
+request anything, another request's id included. Sign-ins to the web UI are recorded too.
+On PostgreSQL a trigger refuses UPDATE and DELETE on the table (migration 0010).
+"""
 
 from __future__ import annotations
 
@@ -9,13 +15,15 @@ from sqlalchemy.orm import Session
 
 from app.db.models import AuditEntry
 from app.db.timestamps import iso
+from app.request_ids import ids_of
 
 
 def record(session: Session, *, actor: str, action: str, target: str,
            request_id: str | None = None, details: dict[str, Any] | None = None) -> None:
     """Add an entry in the caller's transaction, so the change and its record commit together."""
-    session.add(AuditEntry(actor=actor, action=action, target=target, request_id=request_id,
-                           details=details or {}))
+    own, caller = ids_of(request_id)
+    session.add(AuditEntry(actor=actor, action=action, target=target, request_id=own,
+                           client_request_id=caller, details=details or {}))
 
 
 def entries(session: Session, *, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:
@@ -24,6 +32,7 @@ def entries(session: Session, *, limit: int = 100, before_id: int | None = None)
         query = query.where(AuditEntry.id < before_id)
     return [
         {"id": e.id, "at": iso(e.at), "actor": e.actor, "action": e.action,
-         "target": e.target, "request_id": e.request_id, "details": e.details}
+         "target": e.target, "request_id": e.request_id, "client_request_id": e.client_request_id,
+         "details": e.details}
         for e in session.scalars(query)
     ]

@@ -1,8 +1,11 @@
 """Web UI sessions: a signed, expiring cookie that names an admin key, and CSRF tokens.
 
-The cookie ``arbiter_ui`` holds ``<key id>.<expires (unix seconds)>.<nonce>.<signature>``, the
+The cookie ``arbiter_ui`` holds ``<key id>.<expires (unix seconds)>.<session id>.<signature>``, the
 signature an HMAC-SHA-256 of the rest. It carries no key material: every request looks the
-admin key up again by id, so a revoked or expired key ends its sessions at once.
+admin key up again by id, so a revoked or expired key ends its sessions at once. The signature
+turns a forged cookie away before the database is asked; the session itself lives in the
+database (app/tenancy/ui_sessions.py), so a signed cookie counts only while its session does:
+sign-out, idleness and a rotated key end it on every replica.
 
 The signing secret is derived from ``ARBITER_SECRET_KEY`` when it is set (every replica shares
 sessions and they survive restarts); without it each process draws a random one, and sessions
@@ -55,7 +58,7 @@ class SessionSigner:
 
     def issue(self, key_id: int, seconds: int, now: float | None = None) -> UiSession:
         expires = int(now if now is not None else time.time()) + seconds
-        body = f"{key_id}.{expires}.{secrets.token_urlsafe(12)}"
+        body = f"{key_id}.{expires}.{secrets.token_urlsafe(32)}"  # the session id: 256 random bits
         return UiSession(key_id, expires, f"{body}.{self._mac('session', body)}")
 
     def verify(self, token: str | None, now: float | None = None) -> UiSession | None:

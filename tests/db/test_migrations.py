@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 from alembic import command
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from app.db import migrate
 from app.settings import sqlalchemy_url
@@ -131,5 +131,60 @@ def test_0008_run_again_after_a_failed_concurrent_build_repairs_the_invalid_inde
         with pytest.raises(IntegrityError), engine.begin() as connection:
             add_usage(connection, "c" * 32)
             add_usage(connection, "c" * 32)
+    finally:
+        engine.dispose()
+
+
+def columns(engine: Engine, table: str) -> set[str]:
+    return {column["name"] for column in inspect(engine).get_columns(table)}
+
+
+def add_audit(connection: Connection) -> None:
+    connection.execute(text("INSERT INTO audit_log (at, actor, action, target, details) "
+                            "VALUES (CURRENT_TIMESTAMP, 'cli', 'project.create', 'project:p', '{}')"))
+
+
+def test_0010_adds_ui_sessions_and_the_callers_request_id_and_comes_off_again(fresh_url: str) -> None:
+    config = migrate.alembic_config(fresh_url)
+    command.upgrade(config, "0009")
+    engine = engine_of(fresh_url)
+    try:
+        with engine.begin() as connection:
+            add_audit(connection)  # a row of the previous release, inserted without the new column
+        command.upgrade(config, "0010")
+        assert "ui_sessions" in inspect(engine).get_table_names()
+        assert {"digest", "key_id", "created_at", "last_seen_at", "expires_at", "ended_at"} <= columns(engine, "ui_sessions")
+        assert "client_request_id" in columns(engine, "audit_log")
+        with engine.begin() as connection:
+            add_audit(connection)  # the previous release still inserts
+            assert connection.execute(text("SELECT count(*) FROM audit_log WHERE client_request_id IS NULL")).scalar() == 2
+        command.downgrade(config, "0009")
+        assert "ui_sessions" not in inspect(engine).get_table_names()
+        assert "client_request_id" not in columns(engine, "audit_log")
+        command.upgrade(config, "0010")  # and up again
+        assert "ui_sessions" in inspect(engine).get_table_names()
+    finally:
+        engine.dispose()
+
+
+@postgresql_only
+def test_0010_makes_the_audit_log_refuse_update_and_delete_on_postgresql(fresh_url: str) -> None:
+    """Against Arbiter's own role and its mistakes: an UPDATE or DELETE fails, an INSERT works,
+    and the downgrade lifts the guard again."""
+    config = migrate.alembic_config(fresh_url)
+    command.upgrade(config, "0010")
+    engine = engine_of(fresh_url)
+    try:
+        with engine.begin() as connection:
+            add_audit(connection)
+        for statement in ("UPDATE audit_log SET actor = 'someone else'", "DELETE FROM audit_log",
+                          "DELETE FROM audit_log WHERE id = 1"):
+            with pytest.raises(DBAPIError, match="append-only"), engine.begin() as connection:
+                connection.execute(text(statement))
+        with engine.begin() as connection:
+            assert connection.execute(text("SELECT actor FROM audit_log")).scalars().all() == ["cli"]
+        command.downgrade(config, "0009")
+        with engine.begin() as connection:
+            connection.execute(text("DELETE FROM audit_log"))  # no guard without 0010
     finally:
         engine.dispose()
