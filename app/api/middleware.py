@@ -10,16 +10,22 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from app.api.asgi import ASGIApp, Message, Receive, Scope, Send, send_error
-from app.errors import BackendFailed
+from app.errors import BackendFailed, InvalidRequest
+from app.request_ids import CallerRequestId
 from app.telemetry import logs
 from app.telemetry.metrics import Metrics
 from app.telemetry.tracing import Tracing
 
 _SAFE_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,64}$")
+# Routes disagreed on which of several Authorization headers counts (the lean routes took the last,
+# FastAPI's the first): a proxy that adds one in front of the caller's would pick the key. Refused
+# on every route, before any key is looked up, with the connection closed (the body is not read).
+DUPLICATE_AUTHORIZATION = InvalidRequest("more than one Authorization header; send exactly one")
 
 
 class RequestMiddleware:
-    """Per HTTP request: an id (the caller's X-Request-Id when it is sane), echoed on the answer;
+    """Per HTTP request: an id (the caller's X-Request-Id when it is sane, carrying Arbiter's own
+    for the audit log on the routes that may audit: app/request_ids.py), echoed on the answer;
     requests in flight; requests by route and status once answered. One layer with one wrapper
     of ``send``, and the labelled metric children looked up once, not per request (the hot path
     pays for every layer). Routes are templates (or the lean routes' paths), never raw paths,
@@ -50,17 +56,21 @@ class RequestMiddleware:
             await self.app(scope, receive, send)
             return
         request_id = None
-        for name, value in scope["headers"]:
-            if name == b"x-request-id" and _SAFE_ID.match(value):
+        authorizations = 0
+        for name, value in scope["headers"]:  # the one pass over the headers: the id, and a check
+            if name == b"authorization":
+                authorizations += 1
+            elif name == b"x-request-id" and request_id is None and _SAFE_ID.match(value):
                 request_id = value.decode()
-                break
+        path = scope["path"]
+        lean = path if path in self.lean_paths else None
         if request_id is None:
             request_id = f"{self._ids.getrandbits(128):032x}"
+        elif lean is None:  # a route that may audit: Arbiter's own id rides along (the lean ones never do)
+            request_id = CallerRequestId(request_id, f"{self._ids.getrandbits(128):032x}")
         scope.setdefault("state", {})["request_id"] = request_id
         logs.request_id.set(request_id)  # for the log lines of this request; no reset: its task ends with it
         header = (b"x-request-id", request_id.encode())
-        path = scope["path"]
-        lean = path if path in self.lean_paths else None
         gauge = lean or "api"
         status = 500
 
@@ -73,6 +83,9 @@ class RequestMiddleware:
 
         self._in_flight[gauge] += 1
         try:
+            if authorizations > 1:
+                await send_error(send_with_id, DUPLICATE_AUTHORIZATION, close=True)
+                return
             await self.app(scope, receive, send_with_id)
         finally:
             self._in_flight[gauge] -= 1
