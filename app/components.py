@@ -31,6 +31,7 @@ from app.telemetry.usage import UsageLedger
 from app.tenancy import service as tenancy
 from app.tenancy.keycache import KeyCache
 from app.tenancy.limits import LocalStore, RateLimiter, RedisStore
+from app.tenancy.throttle import FailureThrottle, LocalFailures, RedisFailures
 from app.tenancy.touches import KeyTouches
 
 TASKS_STOP_TIMEOUT = 5.0  # seconds for the background tasks to end once cancelled
@@ -57,6 +58,8 @@ class Components:
         else:  # no Redis to be up or down: no series (a constant 0 would read as an outage)
             self.metrics.registry.unregister(self.metrics.redis_up)
         self.bus = ChangeBus(self.redis)
+        self.throttle = FailureThrottle(RedisFailures(self.redis) if self.redis is not None else LocalFailures(),
+                                        limit=settings.auth_failure_limit, window=settings.auth_failure_window)
         self.router = ReplicaRouter(settings.replica_backoff)
         self.forwarder = Forwarder(self.registry, self.router, settings, self.tracing, self.limiter)
         self.chat = ChatForwarder(self.registry, self.router, settings, self.limiter, self.tracing)

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.routing import iter_route_contexts
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
+from app.api import docs as api_docs
 from app.api import errors
 from app.api import mesh as mesh_routes
 from app.api.admin import mesh as admin_mesh
@@ -30,7 +31,9 @@ from app.api.public.chat import PATHS as CHAT_PATHS
 from app.api.public.chat import ChatRoute
 from app.api.public.openai_decisions import OPENAI_DECISIONS_PATH, OpenAIDecisionsRoute
 from app.api.public.systemone import DECISION_PATH, SystemOneRoute
+from app.api.throttle import FailedKeyThrottle
 from app.components import Components
+from app.decisions.offloop import OffLoop
 from app.decisions.openai_api.forward import OpenAIDecisionForwarder
 from app.decisions.openai_api.openapi import route_openapi as openai_decisions_openapi
 from app.decisions.openapi import (
@@ -54,16 +57,19 @@ class Arbiter:
         # X-Forwarded-Proto/-For from a trusted proxy (uvicorn's rule: ARBITER_FORWARDED_ALLOW_IPS),
         # for the routes that read them (the UI's Secure cookie, the mesh peer's address). The lean
         # routes never do: they skip this layer.
-        self._framework = cast(ASGIApp, ProxyHeadersMiddleware(
-            cast(Any, self.fastapi), trusted_hosts=settings.forwarded_allow_ips))
+        # Inside it, failed admin keys are throttled per client address (app/api/throttle.py).
         c = self.components
+        self._framework = cast(ASGIApp, ProxyHeadersMiddleware(
+            cast(Any, FailedKeyThrottle(cast(ASGIApp, self.fastapi), c.throttle)),
+            trusted_hosts=settings.forwarded_allow_ips))
+        off_loop = OffLoop()  # one pool of body decoders for both decision routes
         self.decisions = SystemOneRoute(c.keys, c.forwarder, c.touches, c.observer, c.tracing, settings,
-                                        c.mesh.auth)
+                                        c.mesh.auth, off_loop)
         self.chat = ChatRoute(c.keys, c.chat, c.touches, c.observer, settings, c.mesh.auth)
         # The same registry, replica router (in-flight counts, back-off), limiter and tracing.
         openai = OpenAIDecisionForwarder(c.registry, c.router, settings, c.tracing, c.limiter)
         self.openai_decisions = OpenAIDecisionsRoute(c.keys, openai, c.touches, c.observer, c.tracing, settings,
-                                                     c.mesh.auth)
+                                                     c.mesh.auth, off_loop)
         self.route_templates = RouteTemplates(self.fastapi)
         self._observer = c.observer
         self._stack: ASGIApp = build_stack(self._route, c.metrics,
@@ -113,10 +119,13 @@ def _build_fastapi(components: Components) -> FastAPI:
     # No redirect_slashes: a 307 for `POST /v1/systemone/` makes clients drop the body or the
     # Authorization header; a path with a trailing slash is an unknown route (404) like any other.
     # The UI needs none either: its catch-all page answers /ui/... paths first.
+    # The documentation pages are app/api/docs.py's: their assets served here, behind an admin key.
     app = FastAPI(title="Arbiter", version="0.1.0", lifespan=lifespan, redirect_slashes=False,
-                  description="A multi-tenant gateway for decision models.")
+                  description="A multi-tenant gateway for decision models.",
+                  docs_url=None, redoc_url=None, openapi_url=None)
     app.state.components = components
     errors.install(app)
+    api_docs.install(app, components.settings.public_api_docs)
     app.include_router(public_routes.router)
     app.include_router(public_metrics.router)
     app.include_router(admin_tenancy.router)

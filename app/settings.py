@@ -7,16 +7,24 @@ from __future__ import annotations
 
 import re
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MiB = 1024 * 1024
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 PLACEHOLDER = re.compile(r"change[-_ ]?me", re.IGNORECASE)
+# Secrets that guard something on their own (SPEC §3, §5, §6): at least 32 characters, at least 8
+# of them different, and not a shorter piece repeated. A hex or base64 token of 16+ random bytes
+# passes (a hex one of 16 bytes has fewer than 8 different digits about once in 10^8 draws).
+STRONG_SECRETS = ("secret_key", "key_pepper", "metrics_token", "mesh_key")
+SECRET_MIN_CHARS = 32
+SECRET_MIN_DISTINCT = 8
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ARBITER_", extra="ignore", populate_by_name=True)
+    # hide_input_in_errors: a refused secret (or a database URL with its password) is never echoed.
+    model_config = SettingsConfigDict(env_prefix="ARBITER_", extra="ignore", populate_by_name=True,
+                                      hide_input_in_errors=True)
 
     # Where state lives.
     database_url: str = Field(
@@ -73,6 +81,13 @@ class Settings(BaseSettings):
         60.0, gt=0, description="Seconds a client may take to send one request, from its first byte to its "
         "last (head and body); past it the answer is 408 and the connection closes."
     )
+    keep_alive_timeout: float = Field(
+        5.0, gt=0, description="Seconds an idle keep-alive connection is kept open after an answer."
+    )
+    max_connections: int | None = Field(
+        None, ge=1, description="Most client connections open at once; past it 503 with Retry-After "
+        "(default: what fits under the open-file limit)."
+    )
 
     # Backends.
     backend_connect_timeout: float = Field(5.0, gt=0, description="Seconds to connect to a backend.")
@@ -111,6 +126,18 @@ class Settings(BaseSettings):
     ui_session_minutes: int = Field(
         480, ge=1, le=7 * 24 * 60, description="Minutes a web UI sign-in lasts before it must be repeated."
     )
+    ui_session_idle_minutes: int = Field(
+        30, ge=1, le=7 * 24 * 60, description="Minutes a web UI session may go unused before it ends."
+    )
+
+    # Failed credentials: after this many from one client address within the window, that address
+    # gets 429 for the rest of the window (web UI sign-ins and admin keys; 0 turns it off).
+    auth_failure_limit: int = Field(
+        10, ge=0, description="Failed sign-ins or admin keys one client address may make per window."
+    )
+    auth_failure_window: float = Field(
+        300.0, gt=0, description="Seconds of the failed-credential window (ARBITER_AUTH_FAILURE_LIMIT)."
+    )
 
     # Background writes.
     flush_interval: float = Field(1.0, gt=0, description="Seconds between batched writes.")
@@ -127,6 +154,9 @@ class Settings(BaseSettings):
     metrics_project_label: bool = Field(True, description="Label token metrics with the project's name.")
     trace_state: bool = Field(True, description="Put the request's state on spans as body.state.")
     trace_state_max_bytes: int = Field(4096, ge=0, description="Longest body.state span attribute.")
+    public_api_docs: bool = Field(
+        False, description="Open /docs, /redoc and /openapi.json without an admin key."
+    )
 
     @field_validator("max_body_bytes", "max_response_bytes", "default_text_limit")
     @classmethod
@@ -153,17 +183,33 @@ class Settings(BaseSettings):
                              "python -c 'import secrets; print(secrets.token_urlsafe(32))'")
         return value
 
-    @field_validator("secret_key")
+    @field_validator(*STRONG_SECRETS)
     @classmethod
-    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
-        if value is not None and len(value.get_secret_value()) < 16:
-            raise ValueError("must be at least 16 characters (it signs web UI sessions and encrypts "
-                             "service credentials)")
+    def _strong_enough(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        # ARBITER_MESH_KEY=x would start a working node: anyone could guess the mesh's key.
+        problem = None if value is None else weak_secret_problem(value.get_secret_value())
+        if problem is not None:
+            name = f"ARBITER_{(info.field_name or '').upper()}"
+            raise ValueError(f"{name} {problem}; use a random value, made with: "
+                             "python -c \"import secrets; print(secrets.token_urlsafe(32))\"")
         return value
 
     def sqlalchemy_url(self) -> str:
         """The database URL with the driver Arbiter uses filled in."""
         return sqlalchemy_url(self.database_url)
+
+
+def weak_secret_problem(value: str) -> str | None:
+    """Why ``value`` is too weak for a secret (the rule of docs/configuration.md), or None.
+    Counts and patterns only: the message never holds the value."""
+    if len(value) < SECRET_MIN_CHARS:
+        return f"is too short: it must be at least {SECRET_MIN_CHARS} characters"
+    if len(set(value)) < SECRET_MIN_DISTINCT:
+        return f"has too few different characters: it needs at least {SECRET_MIN_DISTINCT}"
+    for period in range(1, len(value) // 2 + 1):
+        if value == (value[:period] * (len(value) // period + 1))[: len(value)]:
+            return f"is a piece of {period} characters repeated"
+    return None
 
 
 def sqlalchemy_url(url: str) -> str:

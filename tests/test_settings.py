@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+
 import pytest
 from pydantic import ValidationError
 
@@ -36,6 +38,27 @@ def test_values_out_of_range_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValidationError) as refused:
         Settings(**{field: value})
     assert refused.value.errors()[0]["loc"] == (field,)
+
+
+WEAK_SECRETS = [("x", "at least 32 characters"), ("short-but-not-that-short-0123", "at least 32 characters"),
+                ("a" * 64, "at least 8"), ("0123456789abcdef" * 2, "a piece of 16 characters repeated")]
+
+
+@pytest.mark.parametrize("field", ["mesh_key", "key_pepper", "secret_key", "metrics_token"])
+@pytest.mark.parametrize(("value", "why"), WEAK_SECRETS)
+def test_weak_secrets_are_refused_naming_the_setting_and_the_fix(field: str, value: str, why: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(**{field: value})
+    (error,) = refused.value.errors()
+    assert error["loc"] == (field,) and f"ARBITER_{field.upper()}" in error["msg"] and why in error["msg"]
+    assert "secrets.token_urlsafe(32)" in error["msg"]
+    assert value not in str(refused.value)  # never echoed, in the message or pydantic's own text
+
+
+@pytest.mark.parametrize("field", ["mesh_key", "key_pepper", "secret_key", "metrics_token"])
+def test_random_secrets_are_taken(field: str) -> None:
+    for value in (secrets.token_urlsafe(32), secrets.token_hex(16), "correct-horse-battery-staple-of-mine"):
+        assert getattr(Settings(**{field: value}), field).get_secret_value() == value
 
 
 def test_a_log_level_in_any_case_is_taken() -> None:

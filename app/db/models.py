@@ -180,8 +180,24 @@ class AuditEntry(Base):
     actor: Mapped[str] = mapped_column(String(200))
     action: Mapped[str] = mapped_column(String(100))
     target: Mapped[str] = mapped_column(String(400))
-    request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # Arbiter's own id
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # The X-Request-Id the caller sent, if any: kept beside Arbiter's id, never instead of it.
+    client_request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+
+class UiSessionRow(Base):
+    """A web UI session, so every replica can end it (sign-out, idle, the key revoked or
+    rotated). Keyed by a digest of the cookie: the table never holds a usable session id."""
+
+    __tablename__ = "ui_sessions"
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_seen_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), index=True)
+    ended_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class MeshPeer(Base):

@@ -65,7 +65,7 @@ def cluster(db: Database) -> Iterator[Cluster]:
     url = db.engine.url.render_as_string(hide_password=False).replace("postgresql+psycopg://", "postgresql://")
     env = {**environment(url), "ARBITER_REDIS_URL": REDIS, "ARBITER_SYNC_INTERVAL": "0.5",
            "ARBITER_KEY_CACHE_TTL": "300", "ARBITER_REGISTRY_REFRESH_INTERVAL": "300",
-           "ARBITER_FLUSH_INTERVAL": "0.2", "ARBITER_SECRET_KEY": "e2e-secret-key-of-the-tests"}
+           "ARBITER_FLUSH_INTERVAL": "0.2", "ARBITER_SECRET_KEY": "e2e-secret-key-of-the-whole-process-tests"}
     # Provisioned in this process, as `arbiter service add`, `project create`, `key create` and
     # `admin create-key` do (tests/test_cli.py runs those): four processes less per test.
     hasher = KeyHasher()

@@ -161,8 +161,9 @@ def test_the_test_action_is_labelled_test_and_not_billed(stack: Stack) -> None:
 def test_metrics_need_their_credential(stack: Stack, gateway_factory: Any) -> None:
     assert_error(stack.client(None).get("/metrics"), 401)
     assert_error(stack.client().get("/metrics"), 401)  # a project key is not enough
-    guarded = gateway_factory(metrics_token="scrape-me")
-    with guarded.client("scrape-me") as client:
+    token = "scrape-me-with-this-metrics-token-0123456789"
+    guarded = gateway_factory(metrics_token=token)
+    with guarded.client(token) as client:
         assert client.get("/metrics").status_code == 200
     with guarded.client(stack.admin_key) as client:
         assert_error(client.get("/metrics"), 401)
