@@ -11,7 +11,15 @@ import re
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import FileResponse
 
-from app.ui import activity_pages, api, auth, models_pages, projects_pages, services_pages
+from app.ui import (
+    activity_pages,
+    api,
+    auth,
+    docs_pages,
+    models_pages,
+    projects_pages,
+    services_pages,
+)
 from app.ui.web import HERE, UiRoute, admin_if_any, render
 
 STATIC = HERE / "static"
@@ -42,6 +50,6 @@ async def not_found(request: Request, rest: str) -> Response:
 router = APIRouter(prefix="/ui", route_class=UiRoute)
 router.add_api_route("", auth.home, methods=["GET"], include_in_schema=False)
 router.add_api_route("/", auth.home, methods=["GET"], include_in_schema=False)
-for part in (auth, services_pages, models_pages, projects_pages, activity_pages, api):
+for part in (auth, services_pages, models_pages, projects_pages, activity_pages, api, docs_pages):
     router.include_router(part.router, include_in_schema=False)
 router.include_router(pages, include_in_schema=False)  # last: its catch-all answers what no page does

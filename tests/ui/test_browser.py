@@ -302,3 +302,16 @@ def test_a_failed_form_on_the_project_and_services_pages_is_summed_up_at_the_top
     assert reason and reason in page.locator("#error-summary").inner_text()
     assert page.evaluate("document.activeElement.id") == "error-summary"
     assert page.locator("#error-summary a").get_attribute("href") == "#add-service-error"
+
+
+def test_the_api_docs_render_in_the_browser_under_their_policy(page: Any, stack: Stack) -> None:
+    """Swagger UI's bundle and its start-up script run under the page's Content-Security-Policy
+    (a wrong hash would leave the page blank) and list the admin routes, for a signed-in admin."""
+    base = stack.gateway.url
+    refused: list[str] = []
+    page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
+    sign_in(page, base, stack.admin_key)
+    page.wait_for_url(f"{base}/ui/services")
+    page.goto(f"{base}/ui/api-docs")
+    page.get_by_text("/admin/projects", exact=True).first.wait_for(timeout=20000)
+    assert not refused, refused
