@@ -339,3 +339,26 @@ def test_label_reading_makes_it_a_decision_model(no_strategy: Target) -> None:
     result = body(no_strategy.client().post("/v1/decisions", json={
         "model": MODEL, "input": "My card was charged twice.", "questions": SDK_QUESTIONS}), 200)
     assert [a["type"] for a in result["answers"]] == ["choice", "predicate", "choice", "score"]
+
+
+# -- an `openai` service that is a vLLM -----------------------------------------------------
+
+
+def test_an_openai_service_in_front_of_vllm_is_known_and_salted_per_project(
+        vllm_frontends: dict[str, Frontend], db: Database, gateway_factory: Callable[..., Gateway]) -> None:
+    """vLLM's own ``GET /version`` (entrypoints/serve/instrumentator/basic.py) tells Arbiter that an
+    `openai` service is a vLLM, so its engine gets the project's cache_salt (the stub engine
+    records the salt vLLM's renderer put on the prompt), never the tenant's own."""
+    url = vllm_frontends["plain"].url
+    stack = Stack.provision(db)
+    stack.gateway = gateway_factory()
+    admin = stack.client("admin")
+    assert admin.post("/admin/services", json={"type": "openai", "url": url, "name": "openai-vllm"}).status_code == 201
+    view = next(s for s in body(admin.get("/admin/services"), 200)["data"] if s["name"] == "openai-vllm")
+    assert view["version"] == "0.33.0" and view["prefix_cache_salted"] is True, view
+    httpx.delete(url + "/stub/calls", timeout=10)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+            "cache_salt": "my-own-salt"}
+    body(stack.client().post("/v1/chat/completions", json=chat), 200)
+    (call,) = httpx.get(url + "/stub/calls", timeout=10).json()
+    assert call["cache_salt"] not in (None, "", "my-own-salt"), call

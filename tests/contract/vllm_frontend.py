@@ -172,12 +172,16 @@ class StubEngine:
 
     async def generate(self, prompt: Any, sampling_params: Any, request_id: str,
                        **_: Any) -> AsyncGenerator[Any, None]:
-        from vllm.renderers.inputs.preprocess import extract_prompt_components
+        from vllm.renderers.inputs.preprocess import (
+            extract_prompt_components,
+            extract_target_prompt,
+        )
 
         prompt_ids = list(extract_prompt_components(self.model_config, prompt).token_ids or ())
-        yield self._output(request_id, prompt_ids, sampling_params)
+        salt = extract_target_prompt(self.model_config, prompt).get("cache_salt")
+        yield self._output(request_id, prompt_ids, sampling_params, salt)
 
-    def _output(self, request_id: str, prompt_ids: list[int], params: Any) -> Any:
+    def _output(self, request_id: str, prompt_ids: list[int], params: Any, salt: str | None = None) -> Any:
         from vllm.logprobs import Logprob
         from vllm.outputs import CompletionOutput, RequestOutput
         from vllm.tokenizers.detokenizer_utils import convert_ids_list_to_tokens
@@ -208,7 +212,7 @@ class StubEngine:
                     position[token] = Logprob(logprob=reported[token], rank=rank, decoded_token=text)
             logprobs = [position]
         self.calls.append({"prompt_ids": prompt_ids, "sampled": sampled, "logprob_token_ids": asked_ids,
-                           "allowed_token_ids": list(allowed or ())})
+                           "allowed_token_ids": list(allowed or ()), "cache_salt": salt})
         text = self.tokenizer.decode([sampled])
         output = CompletionOutput(index=0, text=text, token_ids=[sampled], cumulative_logprob=raw[sampled],
                                   logprobs=logprobs, finish_reason="length")
