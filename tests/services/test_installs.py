@@ -294,7 +294,9 @@ def test_a_silent_pull_keeps_its_lease_and_a_cancel_from_another_replica_reaches
         stack: Stack, own: Emulator, gateway_factory: Callable[..., Gateway]) -> None:
     _, state = own
     state.pull_seconds, state.verify_seconds = 0.2, 3.0  # Ollama says nothing for 3 s at "verifying"
-    runner, other = gateway_factory(install_lease=1.0), gateway_factory(install_lease=1.0)
+    # A lease shorter than the silence, with room for a refresh (every sixth of it) to be late on a
+    # loaded CI machine: with 1 s, a refresh held up past it let the other replica reap the job.
+    runner, other = gateway_factory(install_lease=2.0), gateway_factory(install_lease=2.0)
     with runner.client(stack.admin_key) as admin, other.client(stack.admin_key) as elsewhere:
         job = body(admin.post("/admin/services/own/models", json={"model": "tev1"}), 202)
         views = poll(elsewhere, job["id"])  # read on the replica that does not run it
