@@ -102,6 +102,8 @@ class LabelBackend:
         self._token_ids: dict[str, list[int]] | None = None
         self._tokenizer_known = False
         self._tokenizer_lock = asyncio.Lock()
+        # A vLLM's own /v1/systemone shows structured text its way: so do its reads (labels.py).
+        self._value_text = labels.vllm_text if inner.kind == "vllm" else labels.compact_text
 
     @property
     def has_credential(self) -> bool:
@@ -148,7 +150,7 @@ class LabelBackend:
         try:
             async with asyncio.timeout(options.timeout or None):
                 token_ids = await self.token_ids()
-                answer = await labels.decide(body, _Bound(self._reader, reads), token_ids)
+                answer = await labels.decide(body, _Bound(self._reader, reads), token_ids, self._value_text)
         except ArbiterError as error:  # a question that cannot be read this way: the tenant's 400
             return _refusal(error)
         except ReplyNotOk as refused:  # the backend's own answer to a read: judged as any backend's

@@ -14,8 +14,11 @@ model answers the same through this reader and through vLLM's own ``/v1/systemon
   is the reply's first token. Labels: ``A``..``Z`` for a choice, in request order; ``yes`` /
   ``no`` for a noul; ``0``..``9`` for score levels.
 
-Where vLLM writes a non-string instructions or description with Python's ``str()`` (a dict's
-repr), this reader writes JSON text, as it writes the state.
+Instructions and descriptions may be any JSON value (SPEC §1). A string is shown as it is; anything
+else as compact JSON (``compact_text``: ``{"a":[1,true]}``). vLLM's own reader writes such a value
+with Python's ``str()`` of what it parsed (question_types.py ``build_question`` and each type's
+``parse_options``: ``{'a': [1, True]}``), so on a vLLM backend the reader writes it that way too
+(``vllm_text``), and one model still answers the same through both.
 
 The reader returns the log-probabilities of the label tokens at that position; softmax over them
 gives the answer's probabilities. The answer has vLLM's shape: ``confidence`` is the chosen
@@ -32,7 +35,7 @@ import asyncio
 import json
 import math
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -51,6 +54,8 @@ REPLY_INSTRUCTIONS = {
 }
 # strategies.py ReadPromptRequest: thinking off, the prompt ends at the generation prompt.
 CHAT_OPTIONS = {"add_generation_prompt": True, "continue_final_message": False}
+# How a read shows an instructions or description value that is not a string.
+ValueText = Callable[[Any], str]
 
 
 class LabelRead(Protocol):
@@ -117,10 +122,53 @@ def _json_text(value: Any) -> str:
 
 
 def content_text(value: Any) -> str:
-    """A state, instructions or description as prompt text: a string as-is, anything else JSON."""
+    """A state as prompt text: a string as-is, anything else JSON (vLLM's ``state_text``)."""
     if isinstance(value, str):
         return value
     return _json_text(value)
+
+
+def compact_text(value: Any) -> str:
+    """An instructions or description value as prompt text: a string as-is, anything else as
+    compact JSON (no spaces, non-ASCII kept, numbers as the caller wrote them)."""
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+def vllm_text(value: Any) -> str:
+    """An instructions or description value as vLLM 0.33 shows it: a string as-is, anything else
+    ``str()`` of the value its JSON parser gave (question_types.py: ``{'a': 1.0, 'b': True}``)."""
+    if isinstance(value, str):
+        return value
+    return str(_parsed(value))
+
+
+class _Digits:
+    """An integer too long for ``int()`` (Python's 4,300-digit limit), shown as its digits."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _parsed(value: Any) -> Any:
+    """``value`` as Python's ``json.loads`` gives it (``jsonbody`` keeps numbers as Fragments)."""
+    if isinstance(value, dict):
+        return {k: _parsed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_parsed(v) for v in value]
+    if isinstance(value, orjson.Fragment):
+        text = orjson.dumps(value).decode()
+        if any(c in text for c in ".eE"):
+            return float(text)
+        try:
+            return int(text)
+        except ValueError:
+            return _Digits(text)
+    return value
 
 
 def labels_for(qid: str, question: Mapping[str, Any]) -> tuple[str, ...]:
@@ -142,54 +190,56 @@ def labels_for(qid: str, question: Mapping[str, Any]) -> tuple[str, ...]:
     return CHOICE_LABELS[:len(criteria)]
 
 
-def _described(value: Any) -> str | None:
+def _described(value: Any, text: ValueText) -> str | None:
     """A description as the prompt shows it; None (and "") show none (question_types.py)."""
     if value is None:
         return None
-    return content_text(value) or None
+    return text(value) or None
 
 
-def option_lines(question: Mapping[str, Any], labels: Sequence[str]) -> list[str]:
+def option_lines(question: Mapping[str, Any], labels: Sequence[str], text: ValueText = compact_text) -> list[str]:
     """question_types.py ``reply_line`` per type."""
     qtype = question["type"]
     criteria: Any = question.get("criteria")
     if qtype == "choice":
         lines = []
         for label, (name, desc) in zip(labels, criteria.items()):
-            text = _described(desc)
-            lines.append(f"{label}: {name} - {text}" if text else f"{label}: {name}")
+            shown = _described(desc, text)
+            lines.append(f"{label}: {name} - {shown}" if shown else f"{label}: {name}")
         return lines
     if qtype == "score":
-        return [f"{label}: {content_text(level)}" for label, level in zip(labels, criteria)]
+        return [f"{label}: {text(level)}" for label, level in zip(labels, criteria)]
     criteria = criteria or {}
     lines = []
     for label, key in zip(labels, ("true", "false")):
-        text = _described(criteria.get(key))
-        lines.append(f"{label}: {text}" if text else label)
+        shown = _described(criteria.get(key), text)
+        lines.append(f"{label}: {shown}" if shown else label)
     return lines
 
 
-def question_text(question: Mapping[str, Any], labels: Sequence[str]) -> str:
+def question_text(question: Mapping[str, Any], labels: Sequence[str], text: ValueText = compact_text) -> str:
     """QuestionType.prompt: the heading (when there are instructions), the options, the reply
     instruction."""
-    body = "\n".join([*option_lines(question, labels), REPLY_INSTRUCTIONS[question["type"]]])
+    body = "\n".join([*option_lines(question, labels, text), REPLY_INSTRUCTIONS[question["type"]]])
     instructions = question.get("instructions")
-    text = "" if instructions is None else content_text(instructions)
-    return f"Question: {text}\n{body}" if text else body
+    heading = "" if instructions is None else text(instructions)
+    return f"Question: {heading}\n{body}" if heading else body
 
 
-def prompt_text(state: Any, question: Mapping[str, Any], labels: Sequence[str]) -> str:
+def prompt_text(state: Any, question: Mapping[str, Any], labels: Sequence[str],
+                text: ValueText = compact_text) -> str:
     """The user message of one read (NextTokenStrategy._content): the state first, so every read
     of a request shares a prefix."""
-    return f"{content_text(state)}\n\n{question_text(question, labels)}"
+    return f"{content_text(state)}\n\n{question_text(question, labels, text)}"
 
 
 def messages_for(state: Any, question: Mapping[str, Any], labels: Sequence[str],
-                 instructions: Any = None) -> list[dict[str, Any]]:
+                 instructions: Any = None, text: ValueText = compact_text) -> list[dict[str, Any]]:
     """The chat of one read: the request's instructions as a system message when given, then the
-    prompt; the reply is the model's (the label its first token)."""
-    messages = [{"role": "user", "content": prompt_text(state, question, labels)}]
-    system = "" if instructions is None else content_text(instructions)
+    prompt; the reply is the model's (the label its first token). ``text`` shows a non-string
+    instructions or description (``compact_text``, or ``vllm_text`` on a vLLM)."""
+    messages = [{"role": "user", "content": prompt_text(state, question, labels, text)}]
+    system = "" if instructions is None else text(instructions)
     if system:
         messages.insert(0, {"role": "system", "content": system})
     return messages
@@ -276,10 +326,12 @@ def answer_from_read(qid: str, question: Mapping[str, Any], labels: Sequence[str
 
 
 async def decide(body: Mapping[str, Any], reader: LabelReader,
-                 token_ids: Mapping[str, Sequence[int]] | None = None) -> dict[str, Any]:
+                 token_ids: Mapping[str, Sequence[int]] | None = None,
+                 text: ValueText = compact_text) -> dict[str, Any]:
     """``answers``, ``usage`` and ``diagnostics`` for a System One request already validated
     (``app.decisions.schema.validate``). ``token_ids``: label -> the ids its reply's first token
-    can be, when the model's tokenizer is known. Every question is checked before any read is sent."""
+    can be, when the model's tokenizer is known; ``text``: how a non-string instructions or
+    description is shown. Every question is checked before any read is sent."""
     refuse_thinking(body)
     state = body["state"]
     instructions = body.get("instructions")
@@ -290,8 +342,8 @@ async def decide(body: Mapping[str, Any], reader: LabelReader,
     for qid, question in questions.items():
         labels = labels_for(qid, question)
         plans.append((qid, question, labels, label_token_ids(qid, labels, token_ids)))
-    tasks = [asyncio.ensure_future(reader.read(messages_for(state, question, labels, instructions), labels, ids,
-                                               template_kwargs))
+    tasks = [asyncio.ensure_future(reader.read(messages_for(state, question, labels, instructions, text), labels,
+                                               ids, template_kwargs))
              for _, question, labels, ids in plans]
     try:
         reads = await asyncio.gather(*tasks)

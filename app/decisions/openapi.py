@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 _CONTENT = {"oneOf": [{"type": "string"}, {"type": "object"}, {"type": "array"}, {"type": "null"}]}
+_ANY = {"description": "any JSON value; the backend shows a non-string its own way"}
 _MEDIA = {"type": "array", "items": {"type": "string"}, "description": "base64 strings or data: URLs"}
 
 QUESTION: dict[str, Any] = {
@@ -13,13 +14,13 @@ QUESTION: dict[str, Any] = {
     "required": ["type"],
     "properties": {
         "type": {"type": "string", "enum": ["choice", "noul", "score"]},
-        "instructions": _CONTENT,
+        "instructions": _ANY,
         "criteria": {"oneOf": [
             {"type": "object", "minProperties": 1, "maxProperties": 255,
-             "additionalProperties": {"type": ["string", "null"]}, "description": "choice: option -> description"},
-            {"type": "object", "properties": {"true": {"type": "string"}, "false": {"type": "string"}},
+             "additionalProperties": _ANY, "description": "choice: option -> description"},
+            {"type": "object", "properties": {"true": _ANY, "false": _ANY},
              "additionalProperties": False, "description": "noul"},
-            {"type": "array", "minItems": 2, "maxItems": 10, "items": {"type": "string"},
+            {"type": "array", "minItems": 2, "maxItems": 10, "items": {"not": {"type": "null"}},
              "description": "score: levels, lowest first"},
             {"type": "null"},
         ]},

@@ -101,10 +101,7 @@ def _check_question(loc: tuple[Any, ...], question: dict[str, Any], problems: li
             (*loc, "type"), f"must be one of 'choice', 'noul', 'score', not {qtype!r}", "literal_error"
         ))
         return
-    if "instructions" in question and not _is_content(question["instructions"]):
-        problems.append(problem(
-            (*loc, "instructions"), "must be a string, object, array or null", "content_type"
-        ))
+    # ``instructions`` and every description take any JSON value (SPEC §1): the backend shows it.
     where = (*loc, "criteria")
     criteria = question.get("criteria")
     if qtype == "choice":
@@ -114,10 +111,6 @@ def _check_question(loc: tuple[Any, ...], question: dict[str, Any], problems: li
         elif not 1 <= len(criteria) <= MAX_CHOICE_OPTIONS:
             problems.append(problem(where, f"a choice has 1 to {MAX_CHOICE_OPTIONS} options, not {len(criteria)}",
                                     "too_short" if not criteria else "too_long"))
-        else:
-            for option, text in criteria.items():
-                if text is not None and not isinstance(text, str):
-                    problems.append(problem((*where, option), "must be a string or null", "string_type"))
     elif qtype == "score":
         low, high = SCORE_LEVELS
         if not isinstance(criteria, list):
@@ -127,18 +120,17 @@ def _check_question(loc: tuple[Any, ...], question: dict[str, Any], problems: li
             problems.append(problem(where, f"a score has {low} to {high} levels, not {len(criteria)}",
                                     "too_short" if len(criteria) < low else "too_long"))
         else:
-            for index, text in enumerate(criteria):
-                if not isinstance(text, str):
-                    problems.append(problem((*where, index), "must be a string", "string_type"))
+            for index, level in enumerate(criteria):
+                if level is None:
+                    problems.append(problem((*where, index), "a level needs a description (any JSON value but "
+                                            "null)", "none_forbidden"))
     elif criteria is not None:  # noul
         if not isinstance(criteria, dict):
             problems.append(problem(where, "must be null or an object with \"true\"/\"false\" keys", "dict_type"))
         else:
-            for key, text in criteria.items():
+            for key in criteria:
                 if key not in ("true", "false"):
                     problems.append(problem((*where, key), "only \"true\" and \"false\" are allowed", "extra_forbidden"))
-                elif not isinstance(text, str):
-                    problems.append(problem((*where, key), "must be a string", "string_type"))
 
 
 def _check_media(body: dict[str, Any], problems: list[dict[str, Any]]) -> tuple[tuple[str, ...], bool]:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,7 +165,8 @@ def vllm_answer(state: Any, question: dict[str, Any]) -> tuple[dict[str, Any], d
         answer = {
             "type": "score",
             "score": d.expectation,
-            "legend": {str(i): level for i, level in enumerate(question["criteria"])},
+            # question_types.py ScoreQuestion.answer: each level's Option name, str() of the level.
+            "legend": {str(i): python_text(level) for i, level in enumerate(question["criteria"])},
             "probabilities": d.by_name,
             "confidence": confidence,
         }
@@ -183,41 +185,72 @@ def text_of(value: Any) -> str:
     return canonical_json(value).decode()
 
 
+def compact_text(value: Any) -> str:
+    """How Ollama shows an instructions or description value: a string as it is, anything else
+    as compact JSON in the order it came (Arbiter's docs/api.md; Ollama's source has no
+    decision endpoint to read)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    try:
+        return orjson.dumps(value).decode()
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def python_text(value: Any) -> str:
+    """How vLLM 0.33 shows an instructions or description value: a string as it is, anything else
+    as ``str()`` of what its JSON parser gave (``{'a': [1, True]}``; null instructions as "").
+    vllm/entrypoints/openai/decisions/question_types.py ``build_question`` and each type's
+    ``parse_options`` (``Option(str(name), None if desc is None else str(desc))``)."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else str(value)
+
+
+Render = Callable[[Any], str]
+
+
 def count_tokens(text: str) -> int:
     """A simple deterministic token count: words and single punctuation marks."""
     return len(_TOKEN_RE.findall(text))
 
 
-def criteria_text(qtype: str, criteria: Any) -> str:
+def criteria_text(qtype: str, criteria: Any, render: Render = text_of) -> str:
+    """The option names and descriptions of a question as ``render`` shows each value."""
     if criteria is None:
         return ""
     if qtype == "score" and isinstance(criteria, list):
-        return "\n".join(str(level) for level in criteria)
+        return "\n".join(render(level) for level in criteria)
     if isinstance(criteria, dict):
         parts: list[str] = []
         for name, desc in criteria.items():
             parts.append(str(name))
             if desc is not None:
-                parts.append(text_of(desc))
+                parts.append(render(desc))
         return "\n".join(parts)
-    return text_of(criteria)
+    return render(criteria)
 
 
-def question_tokens(state_tokens: int, question: dict[str, Any], preamble_tokens: int = 0) -> int:
-    """Prompt tokens of one read: the state, the question's text and fixed overhead."""
+def question_tokens(state_tokens: int, question: dict[str, Any], preamble_tokens: int = 0,
+                    render: Render = text_of) -> int:
+    """Prompt tokens of one read: the state, the question's text (its instructions and
+    descriptions as ``render`` shows them) and fixed overhead."""
     qtype = str(question.get("type"))
     return (
         state_tokens
         + preamble_tokens
-        + count_tokens(text_of(question.get("instructions")))
-        + count_tokens(criteria_text(qtype, question.get("criteria")))
+        + count_tokens(render(question.get("instructions")))
+        + count_tokens(criteria_text(qtype, question.get("criteria"), render))
         + QUESTION_OVERHEAD_TOKENS
     )
 
 
-def usage(state: Any, questions: dict[str, dict[str, Any]], preamble: Any = None) -> dict[str, int]:
+def usage(state: Any, questions: dict[str, dict[str, Any]], preamble: Any = None,
+          render: Render = text_of) -> dict[str, int]:
     """`{"input_tokens", "output_tokens"}` for a request: one read per question."""
     state_tokens = count_tokens(text_of(state))
     preamble_tokens = count_tokens(text_of(preamble))
-    total = sum(question_tokens(state_tokens, q, preamble_tokens) for q in questions.values())
+    total = sum(question_tokens(state_tokens, q, preamble_tokens, render) for q in questions.values())
     return {"input_tokens": total, "output_tokens": len(questions)}

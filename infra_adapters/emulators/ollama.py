@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .answers import ollama_answer, usage
+from .answers import compact_text, ollama_answer, usage
 from .faults import respond
 from .ollama_chat import add_chat_routes
 from .ollama_pull import handle_pull
@@ -204,7 +204,7 @@ def decide(state: OllamaState, body: bytes) -> web.Response:
             )
     answers = {qid: ollama_answer(payload["state"], q) for qid, q in questions.items()}
     return json_response(
-        {"model": model, "answers": answers, "usage": usage(payload["state"], questions)}
+        {"model": model, "answers": answers, "usage": usage(payload["state"], questions, render=compact_text)}
     )
 
 

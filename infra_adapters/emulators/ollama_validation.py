@@ -69,8 +69,6 @@ def bad_question(qid: str, q: Any) -> str | None:
             return f"{where}: choice needs {lo} to {hi} options, got {len(criteria)}"
         if any(k == "" for k in criteria):
             return f"{where}: option names must be non-empty"
-        if any(v is not None and not isinstance(v, str) for v in criteria.values()):
-            return f"{where}: option descriptions must be strings or null"
     elif qtype == "noul":
         if criteria is not None:
             if not isinstance(criteria, dict):
@@ -78,19 +76,15 @@ def bad_question(qid: str, q: Any) -> str | None:
             extra = [k for k in criteria if k not in ("true", "false")]
             if extra:
                 return f'{where}: noul criteria keys must be "true" or "false", got "{extra[0]}"'
-            if any(not isinstance(v, str) for v in criteria.values()):
-                return f"{where}: noul criteria descriptions must be strings"
     else:
         if not isinstance(criteria, list):
             return f"{where}: score criteria must be an array of levels"
         lo, hi = SCORE_LEVELS
         if not lo <= len(criteria) <= hi:
             return f"{where}: score needs {lo} to {hi} levels, got {len(criteria)}"
-        if any(not isinstance(level, str) for level in criteria):
-            return f"{where}: score levels must be strings"
-    instructions = q.get("instructions")
-    if isinstance(instructions, bool | int | float):
-        return f"{where}: instructions must be a string, object, array or null"
+        if any(level is None for level in criteria):
+            return f"{where}: score levels must not be null"
+    # Instructions and descriptions are any JSON value, shown as compact JSON (answers.compact_text).
     return None
 
 

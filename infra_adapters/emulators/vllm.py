@@ -15,6 +15,10 @@ serving.py's `parse_questions` (a question's unknown fields, question_types.py
 emulator never serves) and the read (`enable_thinking`, a fixed-prompt model's
 instructions, media URLs, the context length). The answers are `answers.vllm_answer`.
 
+A question's `instructions` and its descriptions are any JSON value (`QuestionSpec`: `Any`); a
+non-string is shown as question_types.py shows it, `str()` of the parsed value
+(`answers.python_text`): in the token counts, and in a score's `legend` (each level's name).
+
 Errors follow vLLM's OpenAI-style shape
 `{"error": {"message", "type", "param", "code"}}` (`vllm_validation`); routes it
 does not have answer as FastAPI does (`{"detail": "Not Found"}`); `--api-key`
@@ -29,7 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .answers import count_tokens, question_tokens, text_of, usage, vllm_answer
+from .answers import count_tokens, python_text, question_tokens, text_of, usage, vllm_answer
 from .faults import respond
 from .recording import CLIENT_MAX_SIZE, bearer_token, json_response, recording_middleware
 from .server import serve_forever
@@ -197,7 +201,7 @@ def decide(state: VllmState, body: bytes) -> web.Response:
         state_tokens = count_tokens(text_of(payload["state"]))
         preamble_tokens = count_tokens(text_of(payload.get("instructions")))
         for qid, q in questions.items():
-            error = context_error(qid, question_tokens(state_tokens, q, preamble_tokens), opts)
+            error = context_error(qid, question_tokens(state_tokens, q, preamble_tokens, python_text), opts)
             if error is not None:
                 raise error
     except (RequestInvalid, ParamError, StructuredDecisionError, VllmError) as exc:
@@ -212,7 +216,7 @@ def decide(state: VllmState, body: bytes) -> web.Response:
         "created": int(time.time()),
         "model": model,
         "answers": answers,
-        "usage": usage(payload["state"], questions, payload.get("instructions")),
+        "usage": usage(payload["state"], questions, payload.get("instructions"), python_text),
         "diagnostics": diagnostics,
         "joint": None,
     }

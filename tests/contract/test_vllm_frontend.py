@@ -143,6 +143,26 @@ def test_a_callers_cache_salt_and_instructions_are_taken(target: Target) -> None
     assert list(answer["answers"]) == ["team", "urgent", "tone"]
 
 
+# Instructions and descriptions of any JSON kind (SPEC §1), as TypeSafe's SDK sends them.
+STRUCTURED = decision(MODEL, questions={
+    "team": {"type": "choice", "instructions": {"ask": "Which team?", "ids": [1, 2.5]},
+             "criteria": {"billing": {"covers": ["refunds", True]}, "shipping": None, "legal": 0}},
+    "urgent": {"type": "noul", "instructions": ["within", "the", "hour"],
+               "criteria": {"true": {"n": 1}, "false": False}},
+    "tone": {"type": "score", "instructions": 7, "criteria": [{"calm": None}, "annoyed", 3.5]},
+})
+
+
+def test_structured_instructions_and_criteria_answer_200(target: Target) -> None:
+    answer = body(target.client().post("/v1/systemone", json=STRUCTURED), 200)
+    assert list(answer["answers"]) == ["team", "urgent", "tone"]
+    assert answer["answers"]["team"]["choice"] in ("billing", "shipping", "legal")
+    # question_types.py names each level with str() of the value vLLM parsed.
+    assert answer["answers"]["tone"]["legend"] == {"0": "{'calm': None}", "1": "annoyed", "2": "3.5"}
+    for qid in ("team", "tone"):
+        _probabilities_sum_to_one(answer["answers"][qid])
+
+
 # -- /v1/decisions, straight ----------------------------------------------------------------
 
 
@@ -231,6 +251,8 @@ LABEL_REQUEST = decision(
     MODEL, state={"ticket": "My card was charged twice.", "amount": 12.50, "lines": ["a", "ü"]},
     instructions="You triage support tickets.")
 LABEL_REQUEST["questions"]["bare"] = {"type": "noul"}
+# Structured text too: read as vLLM writes it, with str() (labels.vllm_text).
+LABEL_REQUEST["questions"].update({f"structured {qid}": q for qid, q in STRUCTURED["questions"].items()})
 LABEL_REQUEST["questions"]["many"] = {"type": "choice", "instructions": {"ask": "which letter?"},
                                       "criteria": {f"option {i}": f"the {i}th" if i % 2 else None for i in range(26)}}
 

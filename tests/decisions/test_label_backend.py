@@ -308,3 +308,55 @@ def test_media_and_the_openai_decisions_api_on_a_label_read_model(vllm_stack: St
     assert [a["name"] for a in answer.json()["answers"]] == ["damaged", "department", None]
     paths = [r.path for r in state.requests[before:]]
     assert "/v1/decisions" not in paths and paths.count("/v1/chat/completions") == 3
+
+
+STRUCTURED = decision(questions={
+    "team": {"type": "choice", "instructions": {"ask": "Which team?", "ids": [1, 2.50]},
+             "criteria": {"billing": ["refunds", True], "shipping": None}},
+    "urgent": {"type": "noul", "instructions": None, "criteria": {"true": {"within": "1h"}}},
+})
+
+
+def _structured(model: str) -> bytes:
+    """The body as a client writes it: ``2.50`` stays ``2.50`` (numbers keep their text)."""
+    return orjson.dumps({**STRUCTURED, "model": model}).replace(b"2.5]", b"2.50]")
+
+
+def _user_messages(requests: list[Any]) -> list[str]:
+    return sorted(r.json["messages"][-1]["content"] for r in requests if r.path == "/v1/chat/completions")
+
+
+def test_structured_text_is_read_on_vllm_as_vllm_writes_it(vllm_stack: Stack) -> None:
+    """vLLM's own reader writes a non-string with Python's ``str()`` (question_types.py), so its
+    label reads do too: one model answers the same through both."""
+    state: VllmState = vllm_stack.extra["state"]
+    _labels_on(vllm_stack, QWEN)
+    before = len(state.requests)
+    response = vllm_stack.client().post("/v1/systemone", content=_structured(QWEN),
+                                       headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+    ticket = '{"ticket": "My card was charged twice."}'
+    assert _user_messages(state.requests[before:]) == [
+        (f"{ticket}\n\nQuestion: {{'ask': 'Which team?', 'ids': [1, 2.5]}}\nA: billing - ['refunds', True]\n"
+         "B: shipping\nAnswer with the letter of one option only."),
+        f"{ticket}\n\nyes: {{'within': '1h'}}\nno\nAnswer with yes or no only.",
+    ]
+
+
+def test_structured_text_is_read_elsewhere_as_compact_json(
+        db: Database, ollama: tuple[EmulatorServer, OllamaState], gateway_factory: Callable[..., Gateway]) -> None:
+    server, state = ollama
+    state.version = "0.34.0"
+    stack = Stack.provision(db, ollama_url=server.url)
+    stack.gateway = gateway_factory()
+    _labels_on(stack, "llama3.2")
+    before = len(state.requests)
+    response = stack.client().post("/v1/systemone", content=_structured("llama3.2"),
+                                       headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+    ticket = '{"ticket": "My card was charged twice."}'  # the state as vLLM's state_text writes it
+    assert _user_messages(state.requests[before:]) == [
+        (f'{ticket}\n\nQuestion: {{"ask":"Which team?","ids":[1,2.50]}}\nA: billing - ["refunds",true]\n'
+         "B: shipping\nAnswer with the letter of one option only."),
+        f'{ticket}\n\nyes: {{"within":"1h"}}\nno\nAnswer with yes or no only.',
+    ]

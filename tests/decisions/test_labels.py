@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from app.decisions import labels
+from app.decisions import jsonbody, labels
 from app.decisions.label_backend import spelled_label_ids
 from app.errors import InvalidRequest
 from infra_adapters.base import CallOptions
@@ -29,12 +29,13 @@ OPTIONS = CallOptions(timeout=10, max_reply_bytes=1 << 20)
 
 
 def run(server: EmulatorServer, body: dict[str, Any], token_ids: Mapping[str, Sequence[int]] | None = None,
-        salt: str | None = None, reader_class: type[OpenAILogprobsReader] = OpenAILogprobsReader) -> dict[str, Any]:
+        salt: str | None = None, reader_class: type[OpenAILogprobsReader] = OpenAILogprobsReader,
+        text: labels.ValueText = labels.compact_text) -> dict[str, Any]:
     async def go() -> dict[str, Any]:
         options = CallOptions(timeout=10, max_reply_bytes=1 << 20, tenant_salt=salt)
         reader = reader_class(server.url, MODEL, options)
         try:
-            return await labels.decide(body, reader, token_ids)
+            return await labels.decide(body, reader, token_ids, text)
         finally:
             await reader.aclose()
 
@@ -131,6 +132,77 @@ def test_string_state_is_sent_as_is(vllm: Emulator) -> None:
     for request in chats(state):
         assert prompt_of(request).startswith("Charged twice\nplease help\n\n")
         assert request["cache_salt"] == "proj-1"
+
+
+# Instructions and descriptions of every JSON kind, parsed as the gateway parses them (floats and
+# huge integers kept as their text).
+STRUCTURED = jsonbody.loads("""{"model": "m", "state": "Charged twice", "instructions": {"role": "triage"},
+ "questions": {
+  "team": {"type": "choice", "instructions": {"ask": "Which team?", "weights": [1, 2.50, 1e3]},
+           "criteria": {"billing": {"covers": ["refunds", "Café"]}, "shipping": null, "legal": 0,
+                        "other": ""}},
+  "urgent": {"type": "noul", "instructions": ["within", "the", "hour"],
+             "criteria": {"true": true, "false": {}}},
+  "tone": {"type": "score", "instructions": 12345678901234567890123,
+           "criteria": [{"calm": null}, false, 3.0, "furious"]},
+  "bare": {"type": "noul", "instructions": null, "criteria": {"true": null}}}}""".encode())
+
+
+def user_prompts(state: VllmState) -> dict[str, str]:
+    """Each read's user message, by its question's first option line."""
+    return {prompt_of(r).split("\n")[3]: prompt_of(r) for r in chats(state)}
+
+
+def test_structured_instructions_and_descriptions_are_compact_json(vllm: Emulator) -> None:
+    server, state = vllm
+    run(server, STRUCTURED)
+    systems = {r["messages"][0]["content"] for r in chats(state)}
+    assert systems == {'{"role":"triage"}'}
+    assert sorted(user_prompts(state).values()) == sorted([
+        ('Charged twice\n\nQuestion: {"ask":"Which team?","weights":[1,2.50,1e3]}\n'
+         'A: billing - {"covers":["refunds","Café"]}\nB: shipping\nC: legal - 0\nD: other\n'
+         "Answer with the letter of one option only."),
+        'Charged twice\n\nQuestion: ["within","the","hour"]\nyes: true\nno: {}\nAnswer with yes or no only.',
+        ('Charged twice\n\nQuestion: 12345678901234567890123\n0: {"calm":null}\n1: false\n2: 3.0\n3: furious\n'
+         "Answer with the number of one level only."),
+        "Charged twice\n\nyes\nno\nAnswer with yes or no only.",
+    ])
+
+
+def test_on_vllm_they_are_written_as_vllms_own_reader_writes_them(vllm: Emulator) -> None:
+    """question_types.py writes a non-string with ``str()`` of what vLLM's JSON parser gave."""
+    server, state = vllm
+    run(server, STRUCTURED, text=labels.vllm_text)
+    assert {r["messages"][0]["content"] for r in chats(state)} == {"{'role': 'triage'}"}
+    assert sorted(user_prompts(state).values()) == sorted([
+        ("Charged twice\n\nQuestion: {'ask': 'Which team?', 'weights': [1, 2.5, 1000.0]}\n"
+         "A: billing - {'covers': ['refunds', 'Café']}\nB: shipping\nC: legal - 0\nD: other\n"
+         "Answer with the letter of one option only."),
+        "Charged twice\n\nQuestion: ['within', 'the', 'hour']\nyes: True\nno: {}\nAnswer with yes or no only.",
+        ("Charged twice\n\nQuestion: 12345678901234567890123\n0: {'calm': None}\n1: False\n2: 3.0\n3: furious\n"
+         "Answer with the number of one level only."),
+        "Charged twice\n\nyes\nno\nAnswer with yes or no only.",
+    ])
+
+
+@pytest.mark.parametrize("raw", [b'{"a": [1, 2.50, -0, -0.0, 1E400, 123456789012345678901234567890]}',
+                                 rb'["\u00e9\n\"q\" \\", true, false, null, {}, []]', b"7", b"-1.5e-3",
+                                 b"[" + b"9" * 5000 + b"]"])
+def test_vllm_text_is_str_of_what_pythons_json_parser_gives(raw: bytes) -> None:
+    value = jsonbody.loads(b'{"v": ' + raw + b"}")["v"]
+    try:
+        expected = str(json.loads(raw))
+    except ValueError:  # past Python's 4,300-digit limit for int(): the digits as they came
+        expected = "[" + "9" * 5000 + "]"
+    assert labels.vllm_text(value) == expected
+
+
+def test_string_values_are_shown_as_they_are_by_both() -> None:
+    for text in (labels.compact_text, labels.vllm_text):
+        assert text("Which team?") == "Which team?" and text("") == ""
+        question = {"type": "choice", "instructions": "Which?", "criteria": {"a": "first", "b": None}}
+        assert labels.question_text(question, ("A", "B"), text) == (
+            "Question: Which?\nA: a - first\nB: b\nAnswer with the letter of one option only.")
 
 
 def test_the_emulators_tokenizer_gives_every_label_both_spellings(vllm: Emulator) -> None:

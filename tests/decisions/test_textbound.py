@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.decisions import jsonbody, textbound
+from app.decisions import jsonbody, schema, textbound
 from app.decisions.schema import MEDIA_FIELDS
 from app.errors import ValidationFailed
 
@@ -40,11 +41,50 @@ values = st.recursive(leaves, lambda inner: st.lists(inner, max_size=4) | st.dic
 media = st.lists(st.text(alphabet="ABCabc0123+/=:,{}[]\"\\ ", min_size=1, max_size=20), max_size=3)
 
 
+# A media field whose value is not a list of strings counts (a 400 once decoded): only the media
+# members drawn as media are media here.
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(st.text(max_size=6), values, max_size=5), st.dictionaries(st.sampled_from(sorted(MEDIA_FIELDS)),
-                                                                                   media | st.none()))
+@given(st.dictionaries(st.text(max_size=6).filter(lambda key: key not in MEDIA_FIELDS), values, max_size=5),
+       st.dictionaries(st.sampled_from(sorted(MEDIA_FIELDS)), media | st.none()))
 def test_the_floor_never_exceeds_the_text(members: dict[str, Any], media_members: dict[str, Any]) -> None:
     for raw in encodings({**members, **media_members, "model": "nimble"}):
+        assert floor(raw) <= text_of(raw)
+        plain = textbound.plain_floor(raw, over=1 << 40)
+        assert plain is None or plain <= text_of(raw)
+
+
+# Numbers as clients write them (``1E+5``, ``-0``, ``2.50``): kept as their text, never re-encoded.
+numbers = st.from_regex(r"-?(0|[1-9][0-9]{0,24})(\.[0-9]{1,6})?([eE][+-]?[0-9]{1,3})?", fullmatch=True).map(
+    lambda text: orjson.Fragment(text.encode()))
+structured = st.recursive(st.none() | st.booleans() | st.floats(allow_nan=False, allow_infinity=False) | numbers
+                          | st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12), lambda inner: st.lists(inner, max_size=4)
+                          | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=16)
+options = st.dictionaries(st.text(min_size=1, max_size=6), structured, min_size=1, max_size=4)
+questions = st.one_of(
+    st.fixed_dictionaries({"type": st.just("choice"), "criteria": options}, optional={"instructions": structured}),
+    st.fixed_dictionaries({"type": st.just("noul")}, optional={
+        "instructions": structured,
+        "criteria": st.fixed_dictionaries({}, optional={"true": structured, "false": structured})}),
+    st.fixed_dictionaries({"type": st.just("score"),
+                           "criteria": st.lists(structured.filter(lambda v: v is not None), min_size=2, max_size=10)},
+                          optional={"instructions": structured}),
+)
+
+valid_media = st.lists(st.sampled_from(["QUJD", "data:image/png;base64,QUJD", "QU\\/J+"]), max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(min_size=1, max_size=6), questions, min_size=1, max_size=4), structured,
+       st.dictionaries(st.sampled_from(sorted(MEDIA_FIELDS)), valid_media))
+def test_the_floor_never_exceeds_the_text_of_structured_instructions_and_descriptions(
+        asked: dict[str, Any], state: Any, media_members: dict[str, Any]) -> None:
+    """Instructions and descriptions of any JSON kind (SPEC §1) count as the state counts."""
+    body = {"model": "nimble", "state": state, "questions": asked, **media_members}
+    for raw in (orjson.dumps(body), orjson.dumps(body, option=orjson.OPT_INDENT_2),
+                orjson.dumps(body).replace(b"/", b"\\/")):
+        parsed = jsonbody.loads(raw)
+        if not isinstance(state, (bool, int, float, orjson.Fragment)):
+            schema.validate(parsed)  # a request the full check accepts
         assert floor(raw) <= text_of(raw)
         plain = textbound.plain_floor(raw, over=1 << 40)
         assert plain is None or plain <= text_of(raw)

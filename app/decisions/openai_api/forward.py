@@ -51,8 +51,9 @@ def vllm_form(body: dict[str, Any]) -> dict[str, Any]:
     (``prompt_cache_key``, ``prompt_cache_options``, a part's ``prompt_cache_breakpoint``: vLLM
     refuses them, and a tenant never picks a cache key; the project's salt keeps its prefixes its
     own), explicit nulls left out (``"name": null``, ``"description": null``: vLLM's defaults),
-    and instructions given as ``input_text`` parts joined into one text with "\n", as vLLM joins
-    the parts of one message (``adapters.input_text``)."""
+    instructions given as ``input_text`` parts joined into one text with "\n", as vLLM joins
+    the parts of one message (``adapters.input_text``), and instructions or descriptions of any
+    other JSON kind sent as their compact JSON text (vLLM's ``DecisionRequest`` takes strings only)."""
     form = {key: value for key, value in body.items() if key not in _CACHE_HINTS}
     if isinstance(form.get("input"), list):
         form["input"] = [_message(message) for message in form["input"]]
@@ -73,12 +74,12 @@ def _message(message: dict[str, Any]) -> dict[str, Any]:
 
 def _question(question: dict[str, Any]) -> dict[str, Any]:
     form = {key: value for key, value in question.items() if not (key == "name" and value is None)}
-    if isinstance(form.get("instructions"), list):
+    if not isinstance(form.get("instructions"), str):  # parts, or any JSON value: vLLM takes text
         form["instructions"] = translate.text_of(form["instructions"])
     for field in ("choices", "levels"):
         if isinstance(form.get(field), list):
-            form[field] = [{k: v for k, v in entry.items() if not (k == "description" and v is None)}
-                           for entry in form[field]]
+            form[field] = [{k: translate.described(v) if k == "description" else v for k, v in entry.items()
+                            if not (k == "description" and v is None)} for entry in form[field]]
     return form
 
 

@@ -8,7 +8,10 @@ from typing import Any
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"const": "input_text"}, "text": {"type": "string"}}}
 _TEXT = {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": _TEXT_PART}]}
-_NAMED = {"name": {"type": "string"}, "instructions": _TEXT}
+# Any other JSON value (but null) is asked as its compact JSON text.
+_STRUCTURED = {"anyOf": [_TEXT, {"not": {"type": "null"}}]}
+_DESCRIPTION = {"description": "any JSON value; a non-string is asked as its compact JSON text"}
+_NAMED = {"name": {"type": "string"}, "instructions": _STRUCTURED}
 
 QUESTION: dict[str, Any] = {"oneOf": [
     {"type": "object", "required": ["type", "instructions"], "additionalProperties": False,
@@ -17,12 +20,12 @@ QUESTION: dict[str, Any] = {"oneOf": [
      "properties": {"type": {"const": "choice"}, **_NAMED, "choices": {
          "type": "array", "minItems": 2, "maxItems": 255, "items": {
              "type": "object", "required": ["value"], "additionalProperties": False,
-             "properties": {"value": {"type": ["string", "boolean"]}, "description": {"type": "string"}}}}}},
+             "properties": {"value": {"type": ["string", "boolean"]}, "description": _DESCRIPTION}}}}},
     {"type": "object", "required": ["type", "instructions", "levels"], "additionalProperties": False,
      "properties": {"type": {"const": "score"}, **_NAMED, "levels": {
          "type": "array", "minItems": 2, "maxItems": 10, "items": {
              "type": "object", "required": ["label"], "additionalProperties": False,
-             "properties": {"label": {"type": "string"}, "description": {"type": "string"}}}}}},
+             "properties": {"label": {"type": "string"}, "description": _DESCRIPTION}}}}},
 ]}
 
 REQUEST: dict[str, Any] = {

@@ -3,7 +3,8 @@
 The contract is the OpenAI SDK's ``DecisionCreateParams`` narrowed to what every backend here
 can answer (the same subset vLLM serves): ``input`` is a string or a list of user messages with
 string content or ``input_text`` parts; questions are ``predicate``, ``choice`` (2 to 255
-``choices``, values strings or booleans) or ``score`` (2 to 10 ``levels``); 1 to 64 questions.
+``choices``, values strings or booleans) or ``score`` (2 to 10 ``levels``); 1 to 64 questions. A
+question's instructions and descriptions may also be any other JSON value (SPEC §1), asked as text.
 Anything else (unknown fields, images, JSON parts, other roles, tool items, streaming) is a 400
 that names the parameter, as OpenAI words it. The first problem found is reported.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.decisions.openai_api.translate import is_parts
 from app.decisions.schema import DecisionRequest
 from app.errors import InvalidRequest
 
@@ -201,10 +203,12 @@ def _check_questions(questions: Any) -> None:
         for field in question:
             if field not in _QUESTION_FIELDS[qtype]:
                 raise _unknown(f"{where}.{field}")
-        if "instructions" not in question:
+        if question.get("instructions") is None:  # null means what leaving it out means
             raise OpenAIInvalidRequest(f"Missing required parameter: '{where}.instructions'.",
                                        f"{where}.instructions", "missing_required_parameter")
-        _check_text(question["instructions"], f"{where}.instructions", breakpoints=False)
+        instructions = question["instructions"]
+        if isinstance(instructions, str) or is_parts(instructions):  # else any JSON value (SPEC §1)
+            _check_text(instructions, f"{where}.instructions", breakpoints=False)
         name = question.get("name")
         if name is not None and not isinstance(name, str):
             raise _type(f"{where}.name", "a string", name)
@@ -256,9 +260,7 @@ def _check_entry(entry: Any, at: str, required: str, fields: tuple[str, ...]) ->
     if required not in entry:
         raise OpenAIInvalidRequest(f"Missing required parameter: '{at}.{required}'.", f"{at}.{required}",
                                    "missing_required_parameter")
-    description = entry.get("description")
-    if description is not None and not isinstance(description, str):
-        raise _type(f"{at}.description", "a string", description)
+    # A description is any JSON value (SPEC §1), asked as its compact JSON text (translate.text_of).
 
 
 # -- messages, worded as OpenAI words them --------------------------------------------------

@@ -10,7 +10,9 @@ For backends that speak only ``/v1/systemone`` (Ollama, Ollama Cloud, a vLLM wit
 
 The state is the input's text as vLLM reads it: the string itself, or the messages joined by
 blank lines, each message's ``input_text`` parts by "\\n". Questions are asked under their ``name`` when it is
-unique, else as ``questions[i]``; answers come back in question order either way.
+unique, else as ``questions[i]``; answers come back in question order either way. Instructions and
+descriptions that are neither text nor ``input_text`` parts (any other JSON value) are asked as
+their compact JSON text (``text_of``).
 """
 
 from __future__ import annotations
@@ -39,12 +41,27 @@ class Asked:
     labels: tuple[str, ...] = ()  # score: the level labels
 
 
+def is_parts(value: Any) -> bool:
+    """Whether ``value`` is content parts (a list of objects that each name their ``type``), not
+    a structured value."""
+    return isinstance(value, list) and all(isinstance(part, dict) and "type" in part for part in value)
+
+
 def text_of(content: Any) -> str:
-    """A string, or the text of ``input_text`` parts joined by "\\n", as vLLM joins the parts of
-    one message (``vllm/entrypoints/openai/decisions/adapters.py`` ``input_text``)."""
+    """A string; the text of ``input_text`` parts joined by "\\n", as vLLM joins the parts of
+    one message (``vllm/entrypoints/openai/decisions/adapters.py`` ``input_text``); any other
+    JSON value as compact JSON (numbers as the caller wrote them)."""
     if isinstance(content, str):
         return content
-    return "\n".join(part["text"] for part in content)
+    if is_parts(content):
+        return "\n".join(part["text"] for part in content)
+    return orjson.dumps(content).decode()
+
+
+def described(description: Any) -> str | None:
+    """A choice's or level's description as asked: a string or null as it is, any other JSON
+    value as its compact JSON text."""
+    return description if description is None or isinstance(description, str) else text_of(description)
 
 
 def state_of(value: Any) -> str:
@@ -91,12 +108,12 @@ def to_systemone(body: dict[str, Any]) -> tuple[dict[str, Any], list[Asked]]:
         if qtype == "choice":
             values = [c["value"] for c in question["choices"]]
             options = option_names(values)
-            asked_as["criteria"] = {option: choice.get("description")
+            asked_as["criteria"] = {option: described(choice.get("description"))
                                     for option, choice in zip(options, question["choices"], strict=True)}
             asked.append(Asked(qid, qtype, name, values=tuple(values), options=tuple(options)))
         elif qtype == "score":
             levels = question["levels"]
-            asked_as["criteria"] = [f"{lv['label']}: {lv['description']}" if lv.get("description")
+            asked_as["criteria"] = [f"{lv['label']}: {text}" if (text := described(lv.get("description")))
                                     else lv["label"] for lv in levels]
             asked.append(Asked(qid, qtype, name, labels=tuple(lv["label"] for lv in levels)))
         else:

@@ -123,6 +123,45 @@ def test_input_messages_and_text_parts_are_one_state(stack: Stack) -> None:
     assert sent(stack.ollama_state, "/v1/systemone")[-1]["questions"]["questions[0]"]["instructions"] == "Which\nteam?"
 
 
+# Instructions and descriptions of any JSON kind (SPEC §1), as TypeSafe's clients send them.
+STRUCTURED_QUESTIONS: list[dict[str, Any]] = [
+    {"type": "predicate", "name": "damaged", "instructions": {"ask": "Damaged?", "parts": ["screen"]}},
+    {"type": "choice", "name": "team", "instructions": ["route", 1],
+     "choices": [{"value": "returns", "description": {"covers": ["refunds", True]}}, {"value": "billing",
+                                                                                     "description": 0}]},
+    {"type": "score", "name": "tone", "instructions": 7,
+     "levels": [{"label": "calm", "description": {"max": 1}}, {"label": "furious", "description": ""}]},
+]
+
+
+def test_structured_instructions_and_descriptions_are_asked_as_compact_json(stack: Stack) -> None:
+    decision = raw(stack, {"model": "nimble", "input": TICKET, "questions": STRUCTURED_QUESTIONS})
+    assert decision.status_code == 200, decision.text
+    assert [a["name"] for a in decision.json()["answers"]] == ["damaged", "team", "tone"]
+    [asked] = sent(stack.ollama_state, "/v1/systemone")
+    assert asked["questions"] == {
+        "damaged": {"type": "noul", "instructions": '{"ask":"Damaged?","parts":["screen"]}'},
+        "team": {"type": "choice", "instructions": '["route",1]',
+                 "criteria": {"returns": '{"covers":["refunds",true]}', "billing": "0"}},
+        "tone": {"type": "score", "instructions": "7", "criteria": ['calm: {"max":1}', "furious"]}}
+    missing = raw(stack, {"model": "nimble", "input": TICKET,
+                          "questions": [{"type": "predicate", "instructions": None}]})
+    openai_error(missing, 400, "invalid_request_error", "questions[0].instructions")  # null: left out
+
+
+def test_vllm_takes_structured_text_as_compact_json(vllm_stack: Stack) -> None:
+    """vLLM 0.33's DecisionRequest takes strings only: a structured value goes as its JSON text."""
+    response = raw(vllm_stack, {"model": QWEN, "input": TICKET, "questions": STRUCTURED_QUESTIONS})
+    assert response.status_code == 200, response.text
+    [forwarded] = sent(vllm_stack.extra["state"], "/v1/decisions")
+    assert [q["instructions"] for q in forwarded["questions"]] == [
+        '{"ask":"Damaged?","parts":["screen"]}', '["route",1]', "7"]
+    assert forwarded["questions"][1]["choices"] == [
+        {"value": "returns", "description": '{"covers":["refunds",true]}'}, {"value": "billing", "description": "0"}]
+    assert forwarded["questions"][2]["levels"] == [{"label": "calm", "description": '{"max":1}'},
+                                                   {"label": "furious", "description": ""}]
+
+
 def test_repeated_names_are_echoed_and_kept_apart(stack: Stack) -> None:
     questions = [{"type": "predicate", "name": "same", "instructions": f"Is it {n}?"} for n in range(3)]
     decision = create(stack, questions=questions)

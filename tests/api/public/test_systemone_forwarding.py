@@ -240,3 +240,38 @@ def test_an_answer_whose_model_does_not_lead_comes_back_byte_for_byte(stack: Sta
         response = client.post("/v1/systemone", json=decision())
     assert response.status_code == 200, response.text
     assert response.content == faults.body.replace(b'"model": "nimble:latest"', b'"model": "nimble"')
+
+
+# Instructions and descriptions of every JSON kind (SPEC §1), written as a client writes them.
+STRUCTURED_QUESTIONS = (
+    b'{"team":{"type":"choice","instructions":{"ask":"Which team?","weights":[1,2.50,-0.0,1e3]},'
+    b'"criteria":{"billing":{"covers":["refunds","Caf\xc3\xa9"]},"shipping":null,"legal":0,"other":[true,false]}},'
+    b'"urgent":{"type":"noul","instructions":["within","the","hour"],"criteria":{"true":{"n":1},"false":7.0}},'
+    b'"tone":{"type":"score","instructions":123456789012345678901234567890,'
+    b'"criteria":[{"calm":null},false,3.10,"furious"]},'
+    b'"bare":{"type":"noul","instructions":null,"criteria":{"true":null}}}'
+)
+
+
+def _post_structured(stack: Stack, model: str) -> tuple[bytes, dict[str, Any]]:
+    raw = b'{"model":"' + model.encode() + b'","state":"s","questions":' + STRUCTURED_QUESTIONS + b"}"
+    with stack.client() as client:
+        response = client.post("/v1/systemone", content=raw)
+    assert response.status_code == 200, response.text
+    answers = response.json()["answers"]
+    assert list(answers) == ["team", "urgent", "tone", "bare"]
+    return raw, answers
+
+
+def test_structured_text_reaches_ollama_as_written(stack: Stack) -> None:
+    """Nothing but ``model`` is rewritten: the questions' bytes arrive as the caller wrote them."""
+    raw, answers = _post_structured(stack, "nimble")
+    assert decisions_seen(stack.ollama_state)[-1].body == raw.replace(b'"nimble"', b'"nimble:latest"')
+    assert answers["tone"]["legend"]["0"] == {"calm": None}  # Ollama's legend: the level as it came
+
+
+def test_structured_text_reaches_vllm_as_written(vllm_stack: Stack) -> None:
+    raw, answers = _post_structured(vllm_stack, "Qwen/Qwen3-0.6B")
+    seen = decisions_seen(vllm_stack.extra["state"])[-1].body
+    assert seen.startswith(raw[:-1] + b',"cache_salt":"')  # vLLM's dialect adds the project's salt only
+    assert answers["tone"]["legend"]["0"] == "{'calm': None}"  # vLLM names a level with str()

@@ -208,6 +208,23 @@ def test_accepted_edge_cases(ollama_client: httpx.Client) -> None:
         assert resp.status_code == 200, (body, resp.text)
 
 
+def test_structured_instructions_and_descriptions_are_taken(ollama_client: httpx.Client) -> None:
+    """Any JSON value (SPEC §1), counted as the compact JSON a model would read."""
+    structured = {"ask": "Which team?", "weights": [1, 2.5, None, True]}
+    for q in ({"type": "choice", "instructions": structured, "criteria": {"a": structured, "b": [1], "c": 0}},
+              {"type": "noul", "instructions": 7, "criteria": {"true": False, "false": {"x": "y"}}},
+              {"type": "score", "instructions": True, "criteria": [structured, 2, "high"]}):
+        resp = _post(ollama_client, _one(q))
+        assert resp.status_code == 200, (q, resp.text)
+    tone = _post(ollama_client, _one({"type": "score", "criteria": [structured, 2]})).json()["answers"]["q"]
+    assert tone["legend"] == {"0": structured, "1": 2}  # the levels as they came
+    plain = _post(ollama_client, _one({"type": "noul", "instructions": "ask"})).json()["usage"]["input_tokens"]
+    shown = _post(ollama_client, _one({"type": "noul", "instructions": ["ask"]})).json()["usage"]["input_tokens"]
+    assert shown == plain + 4  # ["ask"]: the brackets and quotes are read too
+    refused = _post(ollama_client, _one({"type": "score", "criteria": ["low", None]}))
+    assert refused.status_code == 400 and "score levels must not be null" in refused.json()["error"]
+
+
 def test_not_json_body(ollama_client: httpx.Client) -> None:
     resp = ollama_client.post("/v1/systemone", content=b"{nope")
     assert resp.status_code == 400

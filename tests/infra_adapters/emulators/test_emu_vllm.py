@@ -268,6 +268,24 @@ def test_accepted_edge_cases(vllm_client: httpx.Client, vllm: VllmState) -> None
     assert _post(vllm_client, ok[6]).json()["model"] == MODEL
 
 
+def test_structured_text_is_shown_as_vllm_shows_it(vllm_client: httpx.Client) -> None:
+    """question_types.py: a non-string instructions, description or level is ``str()`` of what
+    vLLM parsed: the score's legend names each level so, and the reads count that text."""
+    levels = [{"calm": True}, ["a", None], 2.5, "furious"]
+    tone = _post(vllm_client, _one({"type": "score", "criteria": levels})).json()["answers"]["q"]
+    assert tone["legend"] == {"0": "{'calm': True}", "1": "['a', None]", "2": "2.5", "3": "furious"}
+
+    def tokens(instructions: str) -> int:  # the instructions as JSON text, sent as written
+        raw = '{"model": "%s", "state": "s", "questions": {"q": {"type": "noul", "instructions": %s}}}'
+        answer = vllm_client.post("/v1/systemone", content=(raw % (MODEL, instructions)).encode())
+        assert answer.status_code == 200, answer.text
+        return int(answer.json()["usage"]["input_tokens"])
+
+    # 1e3 is read as the float 1000.0: three tokens ("1000", ".", "0"), not one.
+    assert tokens('{"n": 1e3}') == tokens('"{\'n\': 1000.0}"') == tokens('"{\'n\': 1e3}"') + 2
+    assert tokens("null") == tokens('""')
+
+
 def test_context_length(vllm_client: httpx.Client, vllm: VllmState) -> None:
     q = {"type": "noul"}
     state = "w " * 100
