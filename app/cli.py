@@ -7,6 +7,7 @@
     arbiter project create NAME [--models all|m1,m2] [--organization ORG]
     arbiter organization create NAME
     arbiter service add --type ollama-external|vllm|openai|local --url URL [--name NAME] [--api-key KEY]
+    arbiter alias add ALIAS --model MODEL | arbiter alias list | arbiter alias remove ALIAS
     arbiter emulate ollama --port N [--version X.Y.Z]
     arbiter emulate vllm --port N [--version X.Y.Z]
 
@@ -101,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="type ollama: the context length of every model on it")
     add.set_defaults(run=_service_add)
 
+    _alias_parsers(sub)
+
     emulate = sub.add_parser("emulate", help="run a backend emulator (tests, local trials)")
     kinds = emulate.add_subparsers(metavar="BACKEND")
     for kind, default_version in (("ollama", "0.35.0"), ("vllm", "0.11.0")):
@@ -110,6 +113,18 @@ def _parser() -> argparse.ArgumentParser:
         emu.add_argument("--version", default=default_version)
         emu.set_defaults(run=_emulate, kind=kind)
     return parser
+
+
+def _alias_parsers(sub: Any) -> None:
+    alias = sub.add_parser("alias", help="model aliases (a second public name)").add_subparsers(metavar="ACTION")
+    add = alias.add_parser("add", help="give a model a second public name")
+    add.add_argument("alias", help="the new name, e.g. jev-latest")
+    add.add_argument("--model", required=True, help="the public name of an installed model")
+    add.set_defaults(run=_alias_add)
+    alias.add_parser("list", help="every alias, its model and its status").set_defaults(run=_alias_list)
+    remove = alias.add_parser("remove", help="remove an alias")
+    remove.add_argument("alias")
+    remove.set_defaults(run=_alias_remove)
 
 
 def _with_session(work: Callable[[Any, Any, Settings], Any]) -> Any:
@@ -219,6 +234,40 @@ def _service_add(args: argparse.Namespace) -> int:
 
     for line in _with_session(work):
         print(line)
+    return 0
+
+
+def _alias_add(args: argparse.Namespace) -> int:
+    from app.services import aliases
+    from app.tenancy.service import CLI
+
+    _with_session(lambda s, _c, _: aliases.create_alias(s, CLI, args.alias, args.model))
+    print(f"alias '{args.alias}' added for model '{args.model}' "
+          "(running servers pick it up at their next registry refresh)")
+    return 0
+
+
+def _alias_list(_args: argparse.Namespace) -> int:
+    from app.services import aliases
+
+    def work(session: Any, _c: Any, _s: Settings) -> list[dict[str, Any]]:
+        installed = aliases.model_names(session)  # this node's models (the mesh's are not known here)
+        return [aliases.alias_view(a, installed.__contains__) for a in aliases.list_aliases(session)]
+
+    views = _with_session(work)
+    for view in views:
+        print(f"{view['alias']} -> {view['model']} ({view['status']})")
+    if not views:
+        print("no aliases")
+    return 0
+
+
+def _alias_remove(args: argparse.Namespace) -> int:
+    from app.services import aliases
+    from app.tenancy.service import CLI
+
+    _with_session(lambda s, _c, _: aliases.remove_alias(s, CLI, args.alias))
+    print(f"alias '{args.alias}' removed")
     return 0
 
 

@@ -71,7 +71,7 @@ class Components:
                                   spool_dir=_spool_dir(settings))
         self.metrics.usage_pending.set_function(lambda: float(self.ledger.pending))  # read at scrape time
         self.observer = Observer(self.metrics, self.ledger, log_payloads=settings.log_payloads,
-                                 is_known=self.registry.known)
+                                 is_known=self.registry.known, alias_target=self.registry.alias_target)
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_server: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None

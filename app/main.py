@@ -18,6 +18,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from app.api import docs as api_docs
 from app.api import errors
 from app.api import mesh as mesh_routes
+from app.api.admin import aliases as admin_aliases
 from app.api.admin import mesh as admin_mesh
 from app.api.admin import models as admin_models
 from app.api.admin import services as admin_services
@@ -131,6 +132,7 @@ def _build_fastapi(components: Components) -> FastAPI:
     app.include_router(admin_tenancy.router)
     app.include_router(admin_services.router)
     app.include_router(admin_models.router)
+    app.include_router(admin_aliases.router)
     app.include_router(admin_usage.router)
     app.include_router(ui_routes.router)  # the admin web UI at /ui
     app.include_router(admin_mesh.router)

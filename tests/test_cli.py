@@ -224,3 +224,23 @@ def test_a_bad_setting_is_one_line_naming_it(env: dict[str, str], variable: str,
     for command in (("serve",), ("migrate",)):
         line = assert_one_line_error(arbiter({**env, variable: value}, *command, ok=False), *words)
         assert "sekrit" not in line and "CHANGE-ME" not in line
+
+
+def test_aliases_on_the_command_line_serve_over_http(migrated: dict[str, str], emulator: EmulatorServer,
+                                                     serve: Callable[[], str]) -> None:
+    arbiter(migrated, "service", "add", "--type", "ollama-external", "--url", emulator.url, "--name", "lab")
+    added = arbiter(migrated, "alias", "add", "jev-latest", "--model", "nimble")
+    assert "alias 'jev-latest' added for model 'nimble'" in added.stdout
+    assert arbiter(migrated, "alias", "list").stdout.strip() == "jev-latest -> nimble (active)"
+    assert_one_line_error(arbiter(migrated, "alias", "add", "clef", "--model", "nimble", ok=False), "shadow")
+    assert_one_line_error(arbiter(migrated, "alias", "add", "two", "--model", "jev-latest", ok=False), "alias")
+    assert_one_line_error(arbiter(migrated, "alias", "add", "x", "--model", "ghost", ok=False), "not installed")
+    arbiter(migrated, "project", "create", "acme", "--models", "nimble")
+    project_key = last_line(arbiter(migrated, "key", "create", "--project", "acme"))
+    served = serve()
+    with httpx.Client(base_url=served, headers={"Authorization": f"Bearer {project_key}"}) as tenant:
+        answer = tenant.post("/v1/systemone", json=decision("jev-latest"))
+        assert answer.status_code == 200 and answer.json()["model"] == "jev-latest", answer.text
+    assert "alias 'jev-latest' removed" in arbiter(migrated, "alias", "remove", "jev-latest").stdout
+    assert arbiter(migrated, "alias", "list").stdout.strip() == "no aliases"
+    assert_one_line_error(arbiter(migrated, "alias", "remove", "jev-latest", ok=False), "does not exist")

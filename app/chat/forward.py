@@ -147,15 +147,16 @@ class ChatForwarder:
             raise InvalidRequest("the body must be a JSON object")
         if not isinstance(model, str) or not model:
             raise InvalidRequest("model: field required (a non-empty string)")
+        target = self._registry.resolve(model)  # an alias's target; the answer keeps ``model``
         if principal is not None:
-            principal.authorize(model)
+            principal.authorize(target, model)
         kinds = {media_kind(item) for item in _media_items(body.get("messages"))}
         if "other" in kinds:
             raise InvalidRequest("media in messages must be base64 or data: URLs; no other URL scheme is accepted")
         if "remote" in kinds and not self._settings.allow_remote_media_urls:
             raise InvalidRequest("remote media URLs are not accepted in messages; send base64 or data: URLs "
                                  "(an admin can allow URLs with ARBITER_ALLOW_REMOTE_MEDIA_URLS)")
-        entry = self._registry.find(model, principal.mesh_hops if principal is not None else 0, "chat")
+        entry = self._registry.find(target, principal.mesh_hops if principal is not None else 0, "chat")
         needed = API_CAPABILITY[api]
         replicas = [r for r in entry.replicas if needed in r.capabilities]
         if not replicas:

@@ -114,6 +114,18 @@ class Model(Base):
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
+class ModelAlias(Base):
+    """A second public name for a model (SPEC §1, model aliases): ``name`` stands for the model
+    whose public name is ``target``. Resolved in memory by the registry, never on the hot path."""
+
+    __tablename__ = "model_aliases"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    target: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class ModelInstall(Base):
     """A model being pulled onto an Ollama: progress any replica can read, a cancel any can ask."""
 
@@ -158,6 +170,8 @@ class UsageRecord(Base):
     # Made by the ledger when it writes the row: a retried batch whose first COMMIT did land (its
     # answer lost on the way back) inserts nothing twice. NULL on rows from before 0008.
     record_uid: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # The alias the caller named, when it named one (``model`` is then its target). From 0011.
+    alias: Mapped[str | None] = mapped_column(String(200), nullable=True)
 
 
 class Lease(Base):

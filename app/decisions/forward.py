@@ -76,9 +76,10 @@ class Forwarder:
     async def decide(self, principal: Principal, body: dict[str, Any], request: DecisionRequest,
                      raw_length: int, headers: dict[str, str], *, only: int | None = None) -> Outcome:
         """Check and forward one decision. ``only`` (a service id) pins the replica (the Test action)."""
-        model = request.model
-        principal.authorize(model)
-        entry = self._registry.find(model, principal.mesh_hops)
+        model = request.model  # the answer's ``model``: the name the caller sent, an alias's too
+        target = self._registry.resolve(model)
+        principal.authorize(target, model)
+        entry = self._registry.find(target, principal.mesh_hops)
         replicas = self._eligible(entry, body, request, raw_length)
         # A media check, so after 403, 404 and the text limit (SPEC §1's order).
         if request.remote_media and not self._settings.allow_remote_media_urls:
@@ -116,8 +117,9 @@ class Forwarder:
             problem = probe.model_problem()
             return largest, lambda _floor: problem
         try:
-            principal.authorize(probe.model)
-            entry = self._registry.find(probe.model, principal.mesh_hops)
+            target = self._registry.resolve(probe.model)
+            principal.authorize(target, probe.model)
+            entry = self._registry.find(target, principal.mesh_hops)
         except ArbiterError as error:
             refusal = error
             return largest, lambda _floor: refusal

@@ -9,9 +9,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from app.db.session import Database
 from app.decisions.label_backend import LabelBackend
 from app.errors import ArbiterError, InvalidRequest, NotFound, Unsupported
+from app.services import aliases as alias_rows
 from app.services import service as services
 from app.services import sync
 from app.services.backends import PROVIDER_NAMES, label_reader, make_backend
@@ -69,6 +72,8 @@ class Registry:
         # Decision models of this node's services whose Ollama is too old for them (version gating):
         # kept apart, so a request for one gets why (405) instead of "not installed".
         self._gated: dict[str, dict[str, ArbiterError]] = {}
+        # Alias -> its target's public name (app/services/aliases.py), read with the models.
+        self._aliases: dict[str, str] = {}
         self.max_hops = settings.mesh_max_hops
         self._backends: dict[int, tuple[tuple[str, str, str | None, bool], Backend]] = {}
         self._label_backends: dict[tuple[int, str], LabelBackend] = {}
@@ -83,6 +88,24 @@ class Registry:
     def known(self, public_name: str) -> bool:
         """True for a model this node or the mesh has, usable or not (a name an admin chose)."""
         return self.get(public_name) is not None or public_name in self._gated
+
+    def resolve(self, name: str) -> str:
+        """The public name a request for ``name`` is for: an alias's target, else ``name`` itself.
+        A model of that name (here, on the mesh, or gated) wins over an alias. One dict look-up
+        when ``name`` is no alias: this is on the hot path."""
+        target = self._aliases.get(name)
+        if target is None or self.known(name):
+            return name
+        return target
+
+    def alias_target(self, name: str) -> str | None:
+        """The target of ``name`` when a request for it goes through an alias, else None."""
+        target = self.resolve(name)
+        return None if target == name else target
+
+    def aliases(self) -> dict[str, str]:
+        """Alias -> target, as last read from the database (shadowed ones included)."""
+        return dict(self._aliases)
 
     def find(self, public_name: str, hops: int = 0, operation: str = "decision") -> ModelEntry:
         """Where a request that has taken ``hops`` mesh hops so far goes: this node's replicas
@@ -124,18 +147,23 @@ class Registry:
 
     async def reload(self) -> None:
         async with self._lock:
-            rows = await asyncio.to_thread(self._read)
+            rows, aliases = await asyncio.to_thread(self._read)
             self._apply(rows)
+            self._aliases = aliases
 
-    def _read(self) -> list[tuple[Any, ...]]:
+    def _read(self) -> tuple[list[tuple[Any, ...]], dict[str, str]]:
         with self._database.session() as session:
-            return [
-                (s.id, s.name, s.type, s.url, s.credential, s.text_limit, s.timeout,
-                 m.public_name, m.backend_name, list(m.capabilities), m.timeout,
-                 int(m.created_at.timestamp()) if m.created_at else 0, services.read_strategy_of(m, s),
-                 sync.gate_of(m, s), sync.salts_prefix_cache(s))
-                for m, s in services.all_models(session)
-            ]
+            return self._rows(session), alias_rows.all_targets(session)
+
+    @staticmethod
+    def _rows(session: Session) -> list[tuple[Any, ...]]:
+        return [
+            (s.id, s.name, s.type, s.url, s.credential, s.text_limit, s.timeout,
+             m.public_name, m.backend_name, list(m.capabilities), m.timeout,
+             int(m.created_at.timestamp()) if m.created_at else 0, services.read_strategy_of(m, s),
+             sync.gate_of(m, s), sync.salts_prefix_cache(s))
+            for m, s in services.all_models(session)
+        ]
 
     def _apply(self, rows: list[tuple[Any, ...]]) -> None:
         models: dict[str, ModelEntry] = {}

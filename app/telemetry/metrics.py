@@ -31,6 +31,12 @@ class Metrics:
             "gen_ai_client_operation_duration_seconds", "Duration of GenAI operations through the gateway.",
             ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "error_type"],
             buckets=DURATION_BUCKETS, registry=self.registry)
+        # Requests that named a model by an alias: the series above count them under the target
+        # (the model that did the work); this says which alias they came by. One series per alias
+        # an admin made, never per name a caller sent.
+        self.alias_requests = LoopCounter(
+            "arbiter_alias_requests", "Decision and chat requests that named a model by an alias.",
+            ["gen_ai_operation_name", "alias", "gen_ai_request_model"], registry=self.registry)
         self.requests = LoopCounter("arbiter_http_requests", "HTTP requests by route and status.",
                                 ["route", "method", "status"], registry=self.registry)
         self.in_flight = Gauge("arbiter_http_requests_in_flight", "HTTP requests being served.",
@@ -65,6 +71,8 @@ class Metrics:
         if record.model is None or record.status == 0:
             return
         provider = record.provider or "none"
+        if record.alias is not None:
+            self.alias_requests.labels(record.operation, record.alias, record.model).inc()
         self.operation_duration.labels(record.operation, provider, record.model,
                                        record.error_type or "").observe(record.seconds)
         if record.backend_seconds:

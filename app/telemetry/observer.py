@@ -33,11 +33,13 @@ class Observer:
     LATEST = 0.005  # seconds a finished request's bookkeeping waits at most, in a process with no new request
 
     def __init__(self, metrics: Metrics, ledger: UsageLedger, *, log_payloads: bool,
-                 is_known: Callable[[str], bool] = lambda _name: True) -> None:
+                 is_known: Callable[[str], bool] = lambda _name: True,
+                 alias_target: Callable[[str], str | None] = lambda _name: None) -> None:
         self.metrics = metrics
         self.ledger = ledger
         self.log_payloads = log_payloads
         self._is_known = is_known
+        self._alias_target = alias_target
         self._pending: list[tuple[RequestRecord, Any]] = []
         # The loop a timer, or a call_soon, is waiting in (not just a flag: a loop that closed with
         # one waiting never runs it, and the next loop must not take it as armed).
@@ -90,6 +92,11 @@ class Observer:
         self.drain()
 
     def _book(self, record: RequestRecord, state: Any) -> None:
+        # A request through an alias counts for its target, the alias beside it (only an alias an
+        # admin made: the label values stay few).
+        target = self._alias_target(record.model) if record.model is not None else None
+        if target is not None:
+            record.alias, record.model = record.model, target
         # A name the caller made up (a 403 or 404) never becomes a metric label or a ledger
         # value: tenants must not choose label values or row contents of any length.
         if record.model is not None and not self._is_known(record.model):

@@ -11,7 +11,8 @@ class RequestRecord:
     request_id: str
     operation: str  # "decision" or "chat"
     route: str
-    model: str | None = None
+    model: str | None = None  # the public name of the model (an alias's target)
+    alias: str | None = None  # the alias the caller named, when it named one
     project_id: int | None = None
     project: str | None = None
     key_id: int | None = None

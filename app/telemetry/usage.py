@@ -32,7 +32,9 @@ SPOOL_GLOB = "arbiter-usage-spool-*.jsonl"
 DROP_LOG_EVERY = 60.0  # seconds between two log lines about dropped records
 # A row of the ledger, in this order (see ``UsageLedger.add``).
 COLUMNS = ("at", "request_id", "project_id", "key_id", "operation", "model", "provider", "status",
-           "input_tokens", "output_tokens", "latency_ms", "record_uid")
+           "input_tokens", "output_tokens", "latency_ms", "alias", "record_uid")
+# A spooled row written before the ``alias`` column (0011) lacks it: read with no alias.
+_ALIAS_AT = COLUMNS.index("alias")
 # ``add`` builds the row without its last column, the uid: the writer adds it when it takes a batch.
 WITHOUT_UID = len(COLUMNS) - 1
 ROWS_PER_INSERT = 999 // len(COLUMNS)  # 83 rows, 996 parameters: under the 999 of the oldest SQLite builds
@@ -79,6 +81,7 @@ class UsageLedger:
             at if self._at is None else self._at(at), record.request_id[:64], record.project_id,
             record.key_id or None, record.operation, record.model[:200], record.provider, record.status,
             record.input_tokens or 0, record.output_tokens or 0, round(record.seconds * 1000, 3),
+            record.alias[:200] if record.alias is not None else None,
         ))
 
     @property
@@ -182,6 +185,8 @@ class UsageLedger:
         return len(loaded)
 
     def _from_spool(self, values: list[Any]) -> tuple[Any, ...]:
+        if len(values) == len(COLUMNS) - 1:  # spooled by a release from before the alias column
+            values = [*values[:_ALIAS_AT], None, *values[_ALIAS_AT:]]
         if len(values) != len(COLUMNS):
             raise ValueError(f"a spooled row has {len(values)} values, not {len(COLUMNS)}")
         at = dt.datetime.fromisoformat(values[0])
@@ -307,7 +312,7 @@ def recent(session: Session, *, project: str | None = None, limit: int = 50,
         query = query.where(Project.name.in_(sorted(projects)))
     return [
         {"at": as_utc(r.at).isoformat(), "request_id": r.request_id,
-         "project": name, "key_id": r.key_id, "operation": r.operation, "model": r.model,
+         "project": name, "key_id": r.key_id, "operation": r.operation, "model": r.model, "alias": r.alias,
          "provider": r.provider, "status": r.status, "input_tokens": r.input_tokens,
          "output_tokens": r.output_tokens, "latency_ms": r.latency_ms}
         for r, name in session.execute(query)

@@ -41,14 +41,16 @@ class Principal:
             return False
         return self.allowed_models is None or model in self.allowed_models
 
-    def authorize(self, model: str) -> None:
+    def authorize(self, model: str, asked: str | None = None) -> None:
         """PermissionDenied (403) unless this principal may use ``model``; whether the model
-        exists plays no part, so keys cannot probe what is installed."""
+        exists plays no part, so keys cannot probe what is installed. ``asked`` is the name the
+        caller sent when it is an alias of ``model``: the allowlist holds for the target, and the
+        refusal names what was asked (never the target the caller may not see)."""
         if self.may_use(model):
             return
         if self.archived:
             raise PermissionDenied(f"project '{self.project_name}' is archived")
-        raise PermissionDenied(f"model '{model}' is not allowed for this project")
+        raise PermissionDenied(f"model '{asked or model}' is not allowed for this project")
 
     @classmethod
     def mesh_node(cls, node: str, hops: int, salt: str | None) -> Principal:

@@ -8,9 +8,9 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
-from app.api.admin.schemas import ModelInstallRequest, ModelUpdate
+from app.api.admin.schemas import AliasCreate, ModelInstallRequest, ModelUpdate
 from app.errors import InvalidRequest
-from app.services import catalog
+from app.services import aliases, catalog
 from app.services import service as services
 from app.tenancy.roles import Need
 from app.ui.roles import permitted
@@ -36,7 +36,8 @@ from app.ui.web import (
 
 router = APIRouter(route_class=UiRoute)
 NOTICES = {"registered": "Model registered; its card is below.", "installed": "Model installed; its card is below.", "cancelled": "Install cancelled.",
-           "removed": "Model removed.", "renamed": "Model changed."}
+           "removed": "Model removed.", "renamed": "Model changed.", "alias-added": "Alias added.",
+           "alias-removed": "Alias removed."}
 CAPABILITY_CHOICES = sorted(catalog.CAPABILITIES)
 
 
@@ -46,15 +47,17 @@ async def _page(request: Request, admin: Admin, *, status: int = 200, errors: di
                 edit: int | None = None) -> Response:
     c = components(request)
 
-    def work(s: Session) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def work(s: Session) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
         return ([services.service_view(x) for x in services.list_services(s)],
-                [services.model_view(m, x) for m, x in services.all_models(s)])
-    service_views, model_views = await c.in_session(work)
+                [services.model_view(m, x) for m, x in services.all_models(s)],
+                [aliases.alias_view(a, c.registry.known) for a in aliases.list_aliases(s)])
+    service_views, model_views, alias_views = await c.in_session(work)
     installs = await c.installer.recent(20)
     rows = _catalog(service_views)
     return render(request, "models.html", admin, status=status, catalog=rows,
                   services=service_views, cards=_cards(model_views), installs=installs,
-                  installed=_installed(model_views),
+                  installed=_installed(model_views), aliases=alias_views,
+                  model_names=sorted({str(v["public_name"]) for v in model_views}),
                   gated=[s for s in service_views if not s["decisions_supported"]],
                   capability_choices=CAPABILITY_CHOICES, errors=errors or {}, warning=warning,
                   values=values or {}, checked=checked or [], notice=NOTICES.get(done), focus_install=install,
@@ -155,6 +158,37 @@ def _int(raw: str, problem: str) -> int:
     return int(raw)
 
 
+# Before /models/{model_id}: that route would take "aliases" for a model id.
+@router.post("/models/aliases")
+async def add_alias(request: Request) -> Response:
+    """As POST /admin/aliases: a second public name for a model."""
+    admin = await permitted(request, Need.OPERATE)
+    form = await posted(request, admin)
+    c = components(request)
+    try:
+        body = validated(AliasCreate, drop_blank({"alias": form.get("alias"), "model": form.get("model")}))
+        await c.in_session(lambda s: aliases.create_alias(s, admin.actor, body.alias, body.model, c.registry.known))
+    except FORM_ERRORS as exc:
+        return await _page(request, admin, status=400, errors={"alias": message(exc)}, values=form.values())
+    await c.changed_models()
+    return redirect("/ui/models?done=alias-added#aliases")
+
+
+@router.post("/models/aliases/remove")
+async def remove_alias(request: Request) -> Response:
+    """As DELETE /admin/aliases/{alias} (the name in the form: an alias may hold a '/')."""
+    admin = await permitted(request, Need.OPERATE)
+    form = await posted(request, admin)
+    c = components(request)
+    name = form.get("alias")
+    try:
+        await c.in_session(lambda s: aliases.remove_alias(s, admin.actor, name))
+    except FORM_ERRORS as exc:
+        return await _page(request, admin, status=400, errors={"alias": message(exc)})
+    await c.changed_models()
+    return redirect("/ui/models?done=alias-removed#aliases")
+
+
 @router.post("/models/installs/{install_id}/cancel")
 async def cancel(request: Request, install_id: int) -> Response:
     admin = await permitted(request, Need.OPERATE)
@@ -215,3 +249,4 @@ async def change(request: Request, model_id: int) -> Response:
                            values=form.values(), edit=model_id)
     await c.changed_models()
     return redirect("/ui/models?done=renamed#cards")
+

@@ -188,3 +188,29 @@ def test_0010_makes_the_audit_log_refuse_update_and_delete_on_postgresql(fresh_u
             connection.execute(text("DELETE FROM audit_log"))  # no guard without 0010
     finally:
         engine.dispose()
+
+
+def test_0011_adds_aliases_and_the_usage_alias_and_comes_off_again(fresh_url: str) -> None:
+    config = migrate.alembic_config(fresh_url)
+    command.upgrade(config, "0010")
+    engine = engine_of(fresh_url)
+    try:
+        with engine.begin() as connection:
+            add_usage(connection, "before")  # a row of the previous release
+        command.upgrade(config, "0011")
+        assert {"id", "name", "target", "created_at"} <= columns(engine, "model_aliases")
+        assert "alias" in columns(engine, "usage_records")
+        with engine.begin() as connection:
+            add_usage(connection, "after")  # the previous release still inserts, without the alias
+            assert connection.execute(text("SELECT count(*) FROM usage_records WHERE alias IS NULL")).scalar() == 2
+            connection.execute(text("INSERT INTO model_aliases (name, target, created_at) "
+                                    "VALUES ('jev-latest', 'nimble', CURRENT_TIMESTAMP)"))
+            with pytest.raises(IntegrityError), connection.begin_nested():  # one alias per name
+                connection.execute(text("INSERT INTO model_aliases (name, target, created_at) "
+                                        "VALUES ('jev-latest', 'clef', CURRENT_TIMESTAMP)"))
+        command.downgrade(config, "0010")
+        assert "model_aliases" not in inspect(engine).get_table_names()
+        assert "alias" not in columns(engine, "usage_records")
+        command.upgrade(config, "0011")  # and up again
+    finally:
+        engine.dispose()

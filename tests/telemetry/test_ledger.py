@@ -193,3 +193,20 @@ def test_a_shutdown_retries_a_database_that_comes_back(db: Database, monkeypatch
     monkeypatch.setattr(ledger, "_write", back_after_two)
     asyncio.run(ledger.close(retry_for=3.0))
     assert (rows(db), ledger.pending, list(tmp_path.iterdir())) == (3, 0, [])
+
+
+def test_a_spool_from_before_the_alias_column_is_written_with_no_alias(db: Database, tmp_path: Any) -> None:
+    """A release from before migration 0011 spooled rows without ``alias``: the next start (this
+    release) writes them all the same."""
+    spool = tmp_path / "arbiter-usage-spool-1-old.jsonl"
+    spool.write_text('["2026-12-01T10:00:00+00:00", "old", null, null, "decision", "nimble", "ollama", 200, '
+                     '3, 1, 2.5, "0123456789abcdef01234567"]\n', encoding="utf-8")
+    ledger = UsageLedger(db, spool_dir=tmp_path)
+    aliased = record(1)
+    aliased.model, aliased.alias = "nimble", "jev-latest"
+    ledger.add(aliased)
+    assert ledger.load_spool() == 1
+    asyncio.run(ledger.flush())
+    with db.session() as session:
+        written = {r.request_id: (r.model, r.alias) for r in session.scalars(select(UsageRecord))}
+    assert written == {"old": ("nimble", None), "r1": ("nimble", "jev-latest")}

@@ -117,3 +117,8 @@ class ModelUpdate(_Strict):
 
 class MeshPeerCreate(_Strict):
     url: SafeStr = Field(min_length=8, max_length=500)
+
+
+class AliasCreate(_Strict):
+    alias: SafeStr = Field(min_length=1, max_length=200)
+    model: SafeStr = Field(min_length=1, max_length=200)

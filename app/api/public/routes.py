@@ -15,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app.api.deps import ComponentsDep, ProjectDep
 from app.db import migrate
 from app.errors import InvalidRequest
+from app.services import model_list
 from app.telemetry import usage
 
 router = APIRouter()
@@ -23,14 +24,8 @@ log = logging.getLogger("arbiter.api")
 
 @router.get("/v1/models")
 async def list_models(principal: ProjectDep, components: ComponentsDep) -> dict[str, Any]:
-    data = []
-    for entry in components.registry.reachable():
-        if not principal.may_use(entry.public_name):
-            continue
-        first = entry.replicas[0]
-        data.append({"id": entry.public_name, "object": "model", "created": first.created,
-                     "owned_by": first.provider, "capabilities": sorted(entry.capabilities)})
-    return {"object": "list", "data": data}
+    """The models and aliases this key's project may use, in OpenAI's and TypeSafe's shapes."""
+    return model_list.listing(components.registry, principal)
 
 
 @router.get("/v1/usage")

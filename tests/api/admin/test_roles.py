@@ -52,6 +52,9 @@ POLICY = {
     "GET /admin/mesh": "read",
     "POST /admin/mesh/peers": "operate",
     "DELETE /admin/mesh/peers/{peer_id}": "operate",
+    "GET /admin/aliases": "read",
+    "POST /admin/aliases": "operate",
+    "DELETE /admin/aliases/{alias}": "operate",
 }
 # Who may, on the project-admin's own project ("acme"): the project needs are its there.
 ALLOWED = {
@@ -69,7 +72,7 @@ def admin_routes(stack: Stack) -> list[tuple[str, str]]:
     """(method, template) of every /admin route the app serves, from its routes (not its docs)."""
     found = []
     for context in iter_route_contexts(stack.gateway.app.fastapi.routes):
-        path = (context.path or "").replace("{model:path}", "{model}")
+        path = (context.path or "").replace("{model:path}", "{model}").replace("{alias:path}", "{alias}")
         if path.startswith("/admin"):
             found += [(method, path) for method in sorted(context.methods or ()) if method != "HEAD"]
     return found
@@ -97,7 +100,7 @@ def filled(path: str, key_id: int) -> str:
     """A route's path with targets that exist where a refusal depends on them (the project-admin's
     project, a key of it) and that do not where an allowed call would change something."""
     name = "acme" if path.startswith("/admin/projects/") else "nosuch"
-    return (path.replace("{name}", name).replace("{key_id}", str(key_id)).replace("{model}", "nimble")
+    return (path.replace("{name}", name).replace("{key_id}", str(key_id)).replace("{model}", "nimble").replace("{alias}", "nosuch")
             .replace("{model_id}", "999999").replace("{install_id}", "999999").replace("{peer_id}", "999999"))
 
 
@@ -117,7 +120,7 @@ def test_every_admin_route_is_in_the_matrix(stack: Stack) -> None:
     routes = {f"{method} {path}" for method, path in admin_routes(stack)}
     assert routes == set(POLICY), {"not in POLICY": routes - set(POLICY), "gone": set(POLICY) - routes}
     for context in iter_route_contexts(stack.gateway.app.fastapi.routes):  # and each declares that need
-        path = (context.path or "").replace("{model:path}", "{model}")
+        path = (context.path or "").replace("{model:path}", "{model}").replace("{alias:path}", "{alias}")
         for method in context.methods or () if path.startswith("/admin") else ():
             assert context.original_route.permission.need.value == POLICY[f"{method} {path}"]  # type: ignore[union-attr]
 
