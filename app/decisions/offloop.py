@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
 
 OFF_LOOP_BYTES = 64 * 1024  # over this, decoded in a worker: ~7 ms of loop for 64 KiB of ``{}``
 WORKERS = 2  # bounds the memory of decodes under way, and leaves the cores to the loop
@@ -23,5 +23,6 @@ class OffLoop:
     def __init__(self, workers: int = WORKERS) -> None:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="arbiter-body")
 
-    async def run(self, work: Callable[[bytes], T], raw: bytes) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, work, raw)
+    async def run(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` in the pool (a body's decode: ``run(jsonbody.loads, raw)``)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work, *args)

@@ -11,14 +11,15 @@ from dataclasses import dataclass
 
 from app.api.asgi import Receive, Scope, Send, header_map, send_error
 from app.decisions.body import ClientGone, check_length, content_encoding, read_body
+from app.decisions.multipart import is_multipart
 from app.errors import ArbiterError
 from app.mesh.auth import SCHEME, MeshAuth, MeshCredentialRefused, request_target
 from app.telemetry.record import RequestRecord
 from app.tenancy.keycache import KeyCache
 from app.tenancy.principal import Principal
 
-_HEADERS = frozenset({b"authorization", b"content-length", b"content-encoding", b"traceparent",
-                      b"tracestate", b"x-arbiter-mesh-body-digest"})
+_HEADERS = frozenset({b"authorization", b"content-length", b"content-encoding", b"content-type",
+                      b"traceparent", b"tracestate", b"x-arbiter-mesh-body-digest"})
 _PROPAGATED = ("traceparent", "tracestate")
 # Sends an error in a route's error shape: ``(send, error, close=...)``.
 ErrorSender = Callable[..., Awaitable[None]]
@@ -29,6 +30,7 @@ class Intake:
     principal: Principal
     raw: bytes
     forward_headers: dict[str, str]  # what goes on to the backend: trace context, request id
+    form_type: str | None = None  # a multipart body's Content-Type (decisions/multipart.py)
 
     def record(self, scope: Scope, operation: str) -> RequestRecord:
         """The record of this request, for metrics, logs and usage."""
@@ -72,4 +74,6 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
         return None
     forward_headers = {name: headers[name] for name in _PROPAGATED if name in headers}
     forward_headers["X-Request-Id"] = scope["state"]["request_id"]
-    return Intake(principal, raw, forward_headers)
+    content_type = headers.get("content-type")  # its first byte only, for a JSON body (~50 ns)
+    multipart = content_type is not None and content_type[:1] in "mM" and is_multipart(content_type)
+    return Intake(principal, raw, forward_headers, content_type if multipart else None)

@@ -32,6 +32,8 @@ async def send_openai_error(send: Send, error: ArbiterError, *, close: bool = Fa
 class OpenAIDecisionsRoute(SystemOneRoute):
     """Takes every method on its path, so that a wrong one is a 405 in the OpenAI shape too."""
 
+    takes_forms = False  # OpenAI's Decisions API has no multipart bodies
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
             await send_openai_error(send, MethodNotAllowed(

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from app.api import asgi
 from app.api.asgi import Receive, Scope, Send, send_bytes
 from app.api.public.intake import take
-from app.decisions import jsonbody, schema, textbound
+from app.decisions import assets, jsonbody, multipart, schema, textbound
 from app.decisions.forward import Forwarder, Outcome
 from app.decisions.offloop import OFF_LOOP_BYTES, OffLoop
 from app.decisions.schema import DecisionRequest
-from app.errors import ArbiterError
+from app.errors import ArbiterError, InvalidRequest
 from app.mesh.auth import MeshAuth
 from app.settings import Settings
 from app.telemetry.observer import Observer
@@ -31,11 +32,16 @@ from app.tenancy.touches import KeyTouches
 DECISION_PATH = "/v1/systemone"
 
 log = logging.getLogger("arbiter.decisions")
+# The text of a multipart body is always measured (forward.py): an image's marker can be longer
+# than the reference it replaced, so the body's length bounds nothing.
+_MEASURED = sys.maxsize
 
 
 class SystemOneRoute:
     """The decision route. A subclass speaks another dialect of it (``OpenAIDecisionsRoute``) by
     overriding ``send_error``, ``prepare``, ``reply`` and ``logged``."""
+
+    takes_forms: ClassVar[bool] = True  # multipart bodies, as TypeSafe's SDK sends images
 
     def __init__(self, keys: KeyCache, forwarder: Forwarder, touches: KeyTouches, observer: Observer,
                  tracing: Tracing, settings: Settings, mesh: MeshAuth | None = None,
@@ -60,9 +66,15 @@ class SystemOneRoute:
         error: ArbiterError | None = None
         try:
             raw = intake.raw  # a small body is decoded here, on the loop: no extra await on the hot path
-            body = jsonbody.loads(raw) if len(raw) <= OFF_LOOP_BYTES else await self.parse_big(principal, raw, record)
+            if len(raw) <= OFF_LOOP_BYTES and intake.form_type is None:
+                body = jsonbody.loads(raw)
+            elif intake.form_type is None:
+                body = await self.parse_big(principal, raw, record)
+            else:
+                body = await self.parse_form(principal, intake.form_type, raw, record)
             request = self.prepare(body, record)
-            outcome = await self.forwarder.decide(principal, body, request, len(intake.raw),
+            outcome = await self.forwarder.decide(principal, body, request,
+                                                  len(raw) if intake.form_type is None else _MEASURED,
                                                   intake.forward_headers)
         except ArbiterError as exc:
             # Its traceback holds this frame, which holds it: a cycle that keeps the body (up to
@@ -101,6 +113,25 @@ class SystemOneRoute:
         cannot pass (textbound.py), then decoded in a worker thread, off the event loop (offloop.py)."""
         await self.refuse_early(principal, raw, record)
         return await self.off_loop.run(jsonbody.loads, raw)
+
+    async def parse_form(self, principal: Principal, content_type: str, raw: bytes,
+                         record: RequestRecord) -> Any:
+        """A multipart body (SPEC §1): its parts read (multipart.py), its ``request`` part parsed
+        as a JSON body is, its images made base64 ``images`` (assets.py); big ones off the loop."""
+        if not self.takes_forms:
+            raise InvalidRequest("multipart bodies are accepted on /v1/systemone only; send JSON")
+        if len(raw) <= OFF_LOOP_BYTES:
+            form = multipart.read_form(raw, content_type)
+        else:
+            form = await self.off_loop.run(multipart.read_form, raw, content_type)
+        request = form.request
+        body = jsonbody.loads(request) if len(request) <= OFF_LOOP_BYTES else await self.parse_big(
+            principal, request, record)
+        if sum(map(len, form.files.values())) <= OFF_LOOP_BYTES:
+            assets.attach(body, form.files)
+        else:
+            await self.off_loop.run(assets.attach, body, form.files)
+        return body
 
     async def refuse_early(self, principal: Principal, raw: bytes, record: RequestRecord) -> None:
         """Refuse a big body whose text floor is over the limit it is held to (forward.py's
