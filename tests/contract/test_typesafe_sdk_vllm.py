@@ -50,3 +50,15 @@ def test_the_sdks_structured_instructions_and_criteria(target: Target) -> None:
     assert list(result.answers) == ["team", "urgent", "tone"]
     assert result.choices["team"].choice in {"billing", "shipping"}
     assert set(result.scores["tone"].probabilities) == {0, 1, 2}
+
+
+def test_the_sdks_default_model_through_an_alias(target: Target) -> None:
+    """``model`` left at the SDK's default (``jev-latest``), an alias an admin pointed at the model."""
+    with target.client("admin") as admin:
+        created = admin.post("/admin/aliases", json={"alias": "jev-latest", "model": MODEL})
+        assert created.status_code == 201, created.text
+    with TypeSafeClient(api_key=target.stack.project_key, base_url=target.stack.gateway.url,
+                        retry=RetryPolicy(max_retries=0), timeout=60) as client:
+        result = client.system_one(state=TICKET, questions={
+            "urgent": Noul(instructions="Reply within the hour?")})
+    assert result.model == "jev-latest" and 0 <= result.nouls["urgent"].noul <= 1
