@@ -85,6 +85,22 @@ def test_a_zstd_compressed_decision(stack: Stack, wire: Wire) -> None:
     assert sent["state"] == ticket
 
 
+def test_structured_instructions_and_criteria_reach_the_backend_as_sent(stack: Stack, wire: Wire) -> None:
+    structured = {
+        "team": Choice(instructions={"task": "route the ticket", "teams": ["billing", "shipping"]},
+                       criteria={"billing": {"handles": ["payments", "refunds"]}, "shipping": ["parcels"]}),
+        "urgent": Noul(instructions=["Reply within the hour?"], criteria={"true": {"when": "money moves"}}),
+        "tone": Score(instructions="How upset?", criteria=[{"level": "calm"}, "annoyed", ["furious"]]),
+    }
+    with sdk(stack, wire, model="nimble") as client:
+        result = client.system_one(state={"ticket": "My card was charged twice."}, questions=structured)
+    assert list(result.answers) == ["team", "urgent", "tone"]
+    [sent] = forwarded(stack)
+    assert sent["questions"]["team"]["instructions"] == {"task": "route the ticket", "teams": ["billing", "shipping"]}
+    assert sent["questions"]["team"]["criteria"]["billing"] == {"handles": ["payments", "refunds"]}
+    assert sent["questions"]["tone"]["criteria"] == [{"level": "calm"}, "annoyed", ["furious"]]
+
+
 def test_an_image_reaches_a_vision_model_as_base64(stack: Stack, wire: Wire) -> None:
     photo = Image(PNG)
     with sdk(stack, wire, model="clef") as client, client.attach_assets(photo):
