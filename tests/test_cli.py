@@ -170,7 +170,7 @@ def test_what_the_command_line_adds_reaches_a_running_gateway(
     projects = httpx.get(f"{served}/admin/projects", headers={"Authorization": f"Bearer {admin_key}"})
     assert [p["name"] for p in projects.json()["data"]] == ["late"]
     with httpx.Client(base_url=served, headers={"Authorization": f"Bearer {project_key}"}) as tenant:
-        assert tenant.get("/v1/models").json() == {"object": "list", "data": []}
+        assert tenant.get("/v1/models").json() == {"object": "list", "data": [], "models": []}
         arbiter(migrated, "service", "add", "--type", "ollama-external", "--url", emulator.url)
         deadline = time.monotonic() + 10
         while not tenant.get("/v1/models").json()["data"]:
@@ -244,3 +244,26 @@ def test_aliases_on_the_command_line_serve_over_http(migrated: dict[str, str], e
     assert "alias 'jev-latest' removed" in arbiter(migrated, "alias", "remove", "jev-latest").stdout
     assert arbiter(migrated, "alias", "list").stdout.strip() == "no aliases"
     assert_one_line_error(arbiter(migrated, "alias", "remove", "jev-latest", ok=False), "does not exist")
+
+
+def test_version_prints_the_installed_version(env: dict[str, str]) -> None:
+    from importlib.metadata import version
+
+    result = arbiter(env, "--version")  # no database needed
+    assert result.stdout.strip() == f"arbiter {version('arbiter')}"
+
+
+def test_project_create_warns_of_models_not_installed_and_creates_it(migrated: dict[str, str],
+                                                                     emulator: EmulatorServer) -> None:
+    arbiter(migrated, "service", "add", "--type", "ollama-external", "--url", emulator.url)
+    arbiter(migrated, "alias", "add", "jev-latest", "--model", "nimble")
+    quiet = arbiter(migrated, "project", "create", "acme", "--models", "nimble,clef")
+    assert quiet.stderr == ""
+    warned = arbiter(migrated, "project", "create", "shop", "--models", "nimble,nimbel,jev-latest")
+    assert "project 'shop' created" in warned.stdout
+    assert warned.stderr.splitlines() == [
+        "arbiter: warning: 'jev-latest' is an alias: allow its model 'nimble' instead",
+        ("arbiter: warning: model 'nimbel' is not installed here (check the name, or add the service "
+         "that provides it: arbiter service add)"),
+    ]
+    assert arbiter(migrated, "project", "create", "open", "--models", "all").stderr == ""
