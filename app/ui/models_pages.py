@@ -232,8 +232,11 @@ async def change(request: Request, model_id: int) -> Response:
             fields["timeout"] = decimal(form, "timeout", "Timeout")
         if form.get("clear_timeout"):
             fields["timeout"] = None
-        if form.get("read_strategy") in ("labels", "native"):
-            fields["read_strategy"] = "labels" if form.get("read_strategy") == "labels" else None
+        if form.get("read_strategy") in ("labels", "embeddings", "native"):
+            strategy = form.get("read_strategy")
+            fields["read_strategy"] = None if strategy == "native" else strategy
+        if form.get("embedding_temperature"):
+            fields["embedding_temperature"] = decimal(form, "embedding_temperature", "Similarity temperature")
         if not fields:
             raise InvalidRequest("Nothing to change: give a public name, a timeout or how it decides")
         changes = validated(ModelUpdate, fields).model_dump(exclude_unset=True)

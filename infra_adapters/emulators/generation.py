@@ -2,8 +2,11 @@
 
 A reply is `"Echo: " + the first 40 characters of the last user message`,
 streamed in up to `REPLY_PIECES` pieces. An embedding is a unit-length vector
-of `EMBEDDING_DIM` floats derived from sha256 of the text alone, so a test can
-compute what any backend returns for a text with `embedding_vector(text)`.
+of `EMBEDDING_DIM` floats, a hashed bag of the text's words (each lower-cased word adds
++1 or -1 at two places that sha256 of the word picks), so texts that share words are
+similar and a decision by similarity means something; a text without words gets a
+vector from sha256 of the whole text. A test computes what any backend returns for a
+text with `embedding_vector(text)`.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
+import re
 import struct
 from datetime import UTC, datetime
 from typing import Any
@@ -20,7 +24,8 @@ from .answers import count_tokens, text_of
 REPLY_PREFIX = "Echo: "
 REPLY_CHARS = 40
 REPLY_PIECES = 5
-EMBEDDING_DIM = 16
+EMBEDDING_DIM = 256
+WORD = re.compile(r"\w+")
 MESSAGE_OVERHEAD_TOKENS = 4  # role markers and separators of the chat template
 
 
@@ -73,7 +78,21 @@ def prompt_tokens(messages: list[Any]) -> int:
 
 
 def embedding_vector(text: str, dim: int = EMBEDDING_DIM) -> list[float]:
-    """A deterministic unit-length vector for `text` (sha256 based)."""
+    """A deterministic unit-length vector for `text`: a hashed bag of its words."""
+    values = [0.0] * dim
+    for word in WORD.findall(text.lower()):
+        digest = hashlib.sha256(word.encode()).digest()
+        for at in (0, 4):
+            index = int.from_bytes(digest[at:at + 2], "big") % dim
+            values[index] += 1.0 if digest[at + 2] & 1 else -1.0
+    if not any(values):
+        return _hashed_vector(text, dim)
+    norm = math.sqrt(math.fsum(v * v for v in values))
+    return [v / norm for v in values]
+
+
+def _hashed_vector(text: str, dim: int) -> list[float]:
+    """A unit-length vector from sha256 of the whole text (a text without words)."""
     raw = b""
     counter = 0
     while len(raw) < 2 * dim:

@@ -214,3 +214,18 @@ def test_0011_adds_aliases_and_the_usage_alias_and_comes_off_again(fresh_url: st
         command.upgrade(config, "0011")  # and up again
     finally:
         engine.dispose()
+
+
+def test_0012_adds_the_models_embedding_temperature_and_takes_it_off_again(fresh_url: str) -> None:
+    config = migrate.alembic_config(fresh_url)
+    command.upgrade(config, "0011")
+    engine = engine_of(fresh_url)
+    try:
+        assert "embedding_temperature" not in columns(engine, "models")
+        command.upgrade(config, "0012")
+        assert "embedding_temperature" in columns(engine, "models")
+        command.downgrade(config, "0011")
+        assert "embedding_temperature" not in columns(engine, "models")
+        command.upgrade(config, "0012")  # and up again
+    finally:
+        engine.dispose()

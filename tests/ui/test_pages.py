@@ -264,6 +264,20 @@ def test_label_reading_is_turned_on_and_off_on_a_card(ui: httpx.Client, stack: S
     assert stack.client().post("/v1/systemone", json=decision("llama3.2")).status_code == 400
 
 
+def test_embedding_similarity_and_its_temperature_are_set_on_a_card(ui: httpx.Client, stack: Stack) -> None:
+    stack.ollama_state.models["nomic-embed-text"] = ["embedding"]
+    assert stack.client("admin").post("/admin/services/ollama/refresh").status_code == 200
+    models = stack.client("admin").get("/admin/models").json()["data"]
+    nomic = next(m for m in models if m["public_name"] == "nomic-embed-text")
+    assert f'id="read-strategy-{nomic["id"]}"' in ui.get("/ui/models").text
+    on = post(ui, f"/ui/models/{nomic['id']}", "/ui/models", read_strategy="embeddings",
+              embedding_temperature="0.05")
+    assert on.status_code == 303, alerts(on)
+    page = ui.get("/ui/models").text
+    assert "decisions by embedding similarity" in page and "temperature 0.05" in page
+    assert stack.client().post("/v1/systemone", json=decision("nomic-embed-text")).status_code == 200
+
+
 def _warn_always(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The mesh warns before every decision model (a known peer too old for them)."""
     class MeshWarning(Conflict):

@@ -108,8 +108,11 @@ class ModelInstallRequest(_Strict):
 class ModelUpdate(_Strict):
     public_name: SafeStr | None = Field(None, min_length=1, max_length=200)
     timeout: float | None = Field(None, gt=0, le=3600)
-    # "labels": answer decisions by reading label-token logprobs; null: the model's own way.
-    read_strategy: Literal["labels"] | None = None
+    # "labels": answer decisions by reading label-token logprobs; "embeddings": by embedding
+    # similarity (an embedding model); null: the model's own way.
+    read_strategy: Literal["labels", "embeddings"] | None = None
+    # The embeddings strategy's softmax temperature; null: the calibrated default (docs/labels.md).
+    embedding_temperature: float | None = Field(None, gt=0, le=10)
     # Turn label reading on even though a known mesh peer is too old for decision models (as
     # when installing one); without it, that answers 409 mesh_warning.
     confirm: bool = False

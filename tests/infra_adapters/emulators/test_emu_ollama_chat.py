@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from infra_adapters.emulators import embedding_vector, reply_text
+from infra_adapters.emulators.generation import EMBEDDING_DIM
 from infra_adapters.emulators.ollama import OllamaState
 
 from .streams import ndjson, sse_data, timed_lines
@@ -191,7 +192,7 @@ def test_embed_is_deterministic_and_unit_length(
     assert data["model"] == EMBEDDER and data["prompt_eval_count"] == 1
     assert data["total_duration"] > 0
     (vector,) = data["embeddings"]
-    assert len(vector) == 16 and _norm(vector) == pytest.approx(1.0)
+    assert len(vector) == EMBEDDING_DIM and _norm(vector) == pytest.approx(1.0)
     assert vector == embedding_vector("alpha")
     both = ollama_client.post("/api/embed", json={"model": EMBEDDER, "input": ["beta", "alpha"]})
     first, second = both.json()["embeddings"]
@@ -220,7 +221,7 @@ def test_openai_embeddings(ollama_client: httpx.Client, ollama: OllamaState) -> 
     packed = ollama_client.post(
         "/v1/embeddings", json={"model": EMBEDDER, "input": "a", "encoding_format": "base64"}
     ).json()["data"][0]["embedding"]
-    decoded = struct.unpack("<16f", base64.b64decode(packed))
+    decoded = struct.unpack(f"<{EMBEDDING_DIM}f", base64.b64decode(packed))
     assert list(decoded) == pytest.approx(embedding_vector("a"), abs=1e-6)
 
 

@@ -1,0 +1,124 @@
+"""An embedding model as a decision model: the backend of a model whose ``read_strategy`` is
+``embeddings``. The forwarding path sends it a System One request like to any backend; this answers
+it by similarity (``embeddings.decide``) over what the service offers: Ollama's ``/api/embed``,
+an OpenAI-compatible ``/v1/embeddings`` (vLLM's among them), or the local e5 model.
+
+Passages are cached per model (``embeddings.PassageCache``) for as long as this backend lives:
+the registry keeps it across reloads while its service's backend is the same, and sets the
+model's temperature on it at each reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import orjson
+
+from app.decisions import embeddings
+from app.decisions.schema import MEDIA_FIELDS
+from app.errors import ArbiterError, BackendFailed, InvalidRequest
+from infra_adapters.base import (
+    Backend,
+    BackendProtocolError,
+    BackendTimeout,
+    CallOptions,
+    RemoteModel,
+    Reply,
+    ReplyNotOk,
+    Stream,
+)
+
+log = logging.getLogger("arbiter.embeddings")
+
+
+class EmbeddingBackend:
+    """Wraps a service's backend for one model: decisions by embedding similarity, anything else
+    (embeddings themselves, versions, model lists) by the service's backend as it is."""
+
+    kind = "embeddings"
+    default_temperature = embeddings.DEFAULT_TEMPERATURE
+
+    def __init__(self, inner: Backend, model: str, embedder: ModelEmbedder,
+                 temperature: float | None = None, cache_size: int = embeddings.CACHE_SIZE) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.model = model
+        self.temperature = temperature or embeddings.DEFAULT_TEMPERATURE
+        self.cache = embeddings.PassageCache(cache_size)
+        self._embedder = embedder
+
+    @property
+    def has_credential(self) -> bool:
+        return self.inner.has_credential
+
+    def rejected_own_credential(self, answer: Reply | Stream) -> bool:
+        return self.inner.rejected_own_credential(answer)
+
+    def read_version(self) -> str | None:
+        return self.inner.read_version()
+
+    def list_models(self) -> list[RemoteModel]:
+        return self.inner.list_models()
+
+    def route(self, api: str) -> str | None:
+        # The OpenAI Decisions API is translated onto /v1/systemone, that is onto similarity.
+        return None if api == "openai-decisions" else self.inner.route(api)
+
+    async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> Stream:
+        return await self.inner.open(path, body, options)
+
+    def decisions_unsupported(self, reply: Reply) -> bool:
+        return False  # similarity needs nothing of the backend's own decision endpoint
+
+    async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:
+        media = [field for field in MEDIA_FIELDS if body.get(field)]
+        if media:
+            return _refusal(InvalidRequest(f"model '{self.model}' answers decisions by embedding similarity, "
+                                           f"which reads text only; it cannot take {', '.join(media)}"))
+        try:
+            async with asyncio.timeout(options.timeout or None):
+                answer = await embeddings.decide(body, _Bound(self._embedder, options), self.cache,
+                                                 self.temperature)
+        except ArbiterError as error:  # a question that cannot be answered this way: the tenant's 400
+            return _refusal(error)
+        except ReplyNotOk as refused:  # the backend's own answer to an embedding call
+            return refused.reply
+        except TimeoutError as exc:
+            raise BackendTimeout(f"model '{self.model}' did not embed within {options.timeout:g}s") from exc
+        except BackendProtocolError as exc:
+            # A 200 that holds no embeddings is this answer's fault, not the replica's (as in label_backend).
+            log.warning("embedding of model %s on %s failed: %s", self.model, self.url, exc)
+            raise BackendFailed(502, str(exc)) from exc
+        return Reply(200, "application/json", orjson.dumps({"model": body.get("model", self.model), **answer}))
+
+    async def aclose(self) -> None:
+        await self._embedder.aclose()
+
+
+class ModelEmbedder(Protocol):
+    """Embeds texts with one model, each call with the options of the request it serves."""
+
+    async def embed_with(self, options: CallOptions, texts: Sequence[str],
+                         role: embeddings.Role) -> embeddings.Embedded: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _Bound:
+    """A ModelEmbedder with one call's options: the ``embeddings.Embedder`` of one request."""
+
+    def __init__(self, embedder: ModelEmbedder, options: CallOptions) -> None:
+        self._embedder, self._options = embedder, options
+
+    async def embed(self, texts: Sequence[str], role: embeddings.Role) -> embeddings.Embedded:
+        return await self._embedder.embed_with(self._options, texts, role)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _refusal(error: ArbiterError) -> Reply:
+    return Reply(error.status, "application/json", error.body())
