@@ -1,5 +1,6 @@
 """The ``arbiter`` command line.
 
+    arbiter --version
     arbiter serve [--host H] [--port P]
     arbiter migrate
     arbiter admin create-key [--name N] [--role owner|operator|viewer|project-admin] [--project P ...]
@@ -56,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="arbiter", description="A gateway for decision models.")
+    parser.add_argument("--version", action="version", version=f"arbiter {_version()}")
     sub = parser.add_subparsers(metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the gateway")
@@ -113,6 +115,16 @@ def _parser() -> argparse.ArgumentParser:
         emu.add_argument("--version", default=default_version)
         emu.set_defaults(run=_emulate, kind=kind)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's, once installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("arbiter")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def _alias_parsers(sub: Any) -> None:
@@ -204,10 +216,35 @@ def _key_create(args: argparse.Namespace) -> int:
 def _project_create(args: argparse.Namespace) -> int:
     from app.tenancy import service as tenancy
 
-    _with_session(lambda s, _c, _: tenancy.create_project(
-        s, args.name, tenancy.CLI, models=args.models, organization=args.organization))
+    def work(session: Any, _c: Any, _s: Settings) -> list[str]:
+        project = tenancy.create_project(session, args.name, tenancy.CLI, models=args.models,
+                                         organization=args.organization)
+        return _missing_models(session, project.allowed_models or [])
+
+    for warning in _with_session(work):
+        print(f"arbiter: warning: {warning}", file=sys.stderr)
     print(f"project '{args.name}' created (models: {args.models})")
     return 0
+
+
+def _missing_models(session: Any, allowed: list[str]) -> list[str]:
+    """What to say of each allowed name no service here provides: a typo, a model not pulled
+    yet, or an alias (an allowlist holds model names, never aliases). Only a warning: a model
+    may be installed later, and a mesh peer's models are not known here."""
+    from app.services import aliases
+
+    installed = aliases.model_names(session)
+    targets = aliases.all_targets(session)
+    warnings = []
+    for name in allowed:
+        if name in installed:
+            continue
+        if name in targets:
+            warnings.append(f"'{name}' is an alias: allow its model '{targets[name]}' instead")
+        else:
+            warnings.append(f"model '{name}' is not installed here (check the name, or add the service "
+                            "that provides it: arbiter service add)")
+    return warnings
 
 
 def _organization_create(args: argparse.Namespace) -> int:

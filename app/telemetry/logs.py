@@ -18,6 +18,7 @@ import orjson
 from app.telemetry.record import RequestRecord
 
 access = logging.getLogger("arbiter.access")
+NO_MODEL = "-"  # an access line's model when the request named none (a 401, a body that is not JSON)
 _RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
 # The id of the HTTP request being served, set once per request by RequestMiddleware (one
@@ -143,7 +144,7 @@ def log_request(record: RequestRecord, state: Any = None) -> None:
         return
     fields: dict[str, Any] = {
         "request_id": record.request_id, "operation": record.operation, "project": record.project,
-        "model": record.model, "provider": record.provider, "status": record.status,
+        "model": record.model or NO_MODEL, "provider": record.provider, "status": record.status,
         "latency_ms": round(record.seconds * 1000, 3),
         "backend_ms": round(record.backend_seconds * 1000, 3),
         "input_tokens": record.input_tokens, "output_tokens": record.output_tokens,
@@ -160,14 +161,14 @@ def log_request(record: RequestRecord, state: Any = None) -> None:
         # a LogRecord and the walk through the logging machinery (about half of its cost).
         at = record.at or dt.datetime.now(dt.UTC)  # when the request ended: its line may be written later
         entry = {"time": at.isoformat(timespec="milliseconds"), "level": "INFO",
-                 "logger": access.name, "message": f"{record.operation} {record.model} {record.status}",
+                 "logger": access.name, "message": f"{record.operation} {record.model or NO_MODEL} {record.status}",
                  **fields}
         handler.append(orjson.dumps(entry, default=str).decode() + handler.terminator)
         return
     # Logger.info() would also walk the stack for the caller's file and line (findCaller), which
     # no line shows: the record is made directly and goes through the same handlers and filters.
     line = access.makeRecord(access.name, logging.INFO, __file__, 0, "%s %s %s",
-                             (record.operation, record.model, record.status), None, "log_request", fields)
+                             (record.operation, record.model or NO_MODEL, record.status), None, "log_request", fields)
     if record.at is not None:
         line.created = record.at.timestamp()
         line.msecs = (line.created - int(line.created)) * 1000

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 
 from tests.e2e.conftest import ARBITER, environment, run, wait_ready
 from tests.support import free_port
+from tests.ui.conftest import ui_sign_in
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,37 +70,148 @@ def test_serve_refuses_an_unmigrated_database(tmp_path: Path) -> None:
     assert "arbiter migrate" in result.stderr
 
 
-@pytest.mark.skipif(os.name != "posix", reason="the demo script is a POSIX shell script")
+POSIX_ONLY = pytest.mark.skipif(os.name != "posix", reason="the demo script is a POSIX shell script")
+TICKET = {"state": {"ticket": "My card was charged twice."},
+          "questions": {"team": {"type": "choice", "instructions": "Which team?",
+                                 "criteria": {"billing": "payments", "shipping": None}}}}
+
+
+class Demo:
+    """``scripts/demo`` in a process group of its own, on free ports, in ``folder``."""
+
+    def __init__(self, folder: Path, *args: str, **variables: str) -> None:
+        self.folder, self.port, self.emulator_port = folder, free_port(), free_port()
+        env = {**environment(""), "DEMO_DIR": str(folder), "ARBITER_PORT": str(self.port),
+               "EMULATOR_PORT": str(self.emulator_port), **variables}
+        env.pop("ARBITER_DATABASE_URL")
+        self.process = subprocess.Popen(["bash", str(ROOT / "scripts" / "demo"), *args], env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def ready(self) -> Demo:
+        wait_ready(f"{self.url}/healthz", self.process, timeout=240)
+        return self
+
+    def decide(self, model: str) -> httpx.Response:
+        key = (self.folder / "project-key").read_text().strip()
+        return httpx.post(f"{self.url}/v1/systemone", headers={"Authorization": f"Bearer {key}"},
+                          json={"model": model, **TICKET}, timeout=120)
+
+    def stop(self) -> str:
+        """SIGTERM to the script alone, as `kill %1` of a demo started with `&` in a script: it
+        stops its server and emulator itself. Its output, once it is gone."""
+        try:
+            self.process.send_signal(signal.SIGTERM)
+            output = self.process.communicate(timeout=60)[0].decode()
+        finally:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        return output
+
+    def stop_with_command(self) -> str:
+        """`scripts/demo --stop` from another shell, for a demo running in the background."""
+        env = {**environment(""), "DEMO_DIR": str(self.folder)}
+        env.pop("ARBITER_DATABASE_URL")
+        try:
+            stopped = subprocess.run(["bash", str(ROOT / "scripts" / "demo"), "--stop"], env=env,
+                                     capture_output=True, text=True, timeout=90, check=False)
+            assert stopped.returncode == 0 and "the demo is stopped" in stopped.stdout, stopped
+            return self.process.communicate(timeout=30)[0].decode()
+        finally:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+def refuses_connections(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except OSError:
+        return True
+    return False
+
+
+@POSIX_ONLY
 @pytest.mark.parametrize("backend", ["local", "emulator"])
 def test_the_readme_demo_command_gets_a_decision(tmp_path: Path, backend: str) -> None:
     """README's first command: scripts/demo prints a curl that gets a decision back, from the real
-    local model where the `local` extra is installed, else (or when asked) from the emulator."""
+    local model where the `local` extra is installed, else (or when asked) from the emulator;
+    the admin key it prints signs in to the web UI; a SIGTERM to it stops its server too."""
     if backend == "local" and not local_runtime():
         pytest.skip("the local extra is not installed here (pip install 'arbiter[local]'): "
                     "the demo would have to compile llama.cpp")
-    port, emulator_port = free_port(), free_port()
-    env = {**environment(""), "DEMO_DIR": str(tmp_path), "ARBITER_PORT": str(port),
-           "EMULATOR_PORT": str(emulator_port), "ARBITER_DEMO_BACKEND": backend}
-    env.pop("ARBITER_DATABASE_URL")
-    demo = subprocess.Popen(["bash", str(ROOT / "scripts" / "demo")], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    demo = Demo(tmp_path, ARBITER_DEMO_BACKEND=backend)
     model = "smollm2-135m-instruct" if backend == "local" else "nimble"
     try:
-        wait_ready(f"http://127.0.0.1:{port}/healthz", demo, timeout=240)
+        demo.ready()
         key = (tmp_path / "project-key").read_text().strip()
         assert re.fullmatch(r"arb_proj_[0-9A-Za-z]{43}", key)
-        response = httpx.post(f"http://127.0.0.1:{port}/v1/systemone", headers={"Authorization": f"Bearer {key}"},
-                              json={"model": model, "state": {"ticket": "My card was charged twice."},
-                                    "questions": {"team": {"type": "choice", "instructions": "Which team?",
-                                                           "criteria": {"billing": "payments", "shipping": None}}}},
-                              timeout=120)
+        response = demo.decide(model)
         assert response.status_code == 200, response.text
         assert response.json()["answers"]["team"]["choice"] in {"billing", "shipping"}
+        admin_key = (tmp_path / "admin-key").read_text().strip()
+        assert re.fullmatch(r"arb_admin_\S+", admin_key)
+        assert all((tmp_path / name).stat().st_mode & 0o777 == 0o600 for name in ("admin-key", "project-key"))
+        ui_sign_in(demo.url, admin_key).close()
     finally:
-        os.killpg(demo.pid, signal.SIGTERM)
-        output = demo.communicate(timeout=30)[0].decode()
+        output = demo.stop()
     assert "curl -s" in output and f'"model": "{model}"' in output
+    assert f"{demo.url}/ui" in output and admin_key in output
     assert ("EMULATED Ollama" in output) == (backend == "emulator")
+    assert refuses_connections(demo.port) and refuses_connections(demo.emulator_port)
+    assert not (tmp_path / "demo.pid").exists()
+
+
+@POSIX_ONLY
+def test_the_demo_s_backend_and_model_change_on_the_next_run(tmp_path: Path) -> None:
+    """The same DEMO_DIR: a flag or a variable takes effect on every run, the keys stay."""
+    if not local_runtime():
+        pytest.skip("the local extra is not installed here: the second backend would be the first")
+    first = Demo(tmp_path, ARBITER_DEMO_BACKEND="local")
+    try:
+        assert first.ready().decide("smollm2-135m-instruct").status_code == 200
+    finally:
+        first_output = first.stop()
+    keys = {name: (tmp_path / name).read_text() for name in ("admin-key", "project-key")}
+    second = Demo(tmp_path, "--backend", "emulator", "--model", "clef", ARBITER_DEMO_BACKEND="local")
+    try:
+        assert second.ready().decide("clef").status_code == 200
+    finally:
+        second_output = second.stop_with_command()
+    assert "EMULATED Ollama" not in first_output and "EMULATED Ollama" in second_output
+    assert '"model": "clef"' in second_output
+    assert keys == {name: (tmp_path / name).read_text() for name in keys}
+    assert refuses_connections(second.port) and refuses_connections(second.emulator_port)
+
+
+@POSIX_ONLY
+@pytest.mark.parametrize(("variable", "advice"), [("ARBITER_PORT", "set ARBITER_PORT (or --port)"),
+                                                  ("EMULATOR_PORT", "set EMULATOR_PORT")])
+def test_a_taken_port_fails_the_demo_before_anything_is_printed(tmp_path: Path, variable: str, advice: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**environment(""), "DEMO_DIR": str(tmp_path / "demo"), "ARBITER_PORT": str(free_port()),
+               "EMULATOR_PORT": str(free_port()), variable: str(port)}
+        env.pop("ARBITER_DATABASE_URL")
+        result = subprocess.run(["bash", str(ROOT / "scripts" / "demo"), "--backend", "emulator"], env=env,
+                                capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [f"scripts/demo: port {port} is taken: {advice} to a free port"]
+    assert not (tmp_path / "demo").exists()
+
+
+def test_git_ignores_what_the_demo_and_the_guide_write() -> None:
+    """Keys and databases, SQLite's -wal and -shm files beside them (docs/getting-started.md)."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    written = ["demo/admin-key", "demo/project-key", "demo/arbiter.db-wal", "support.key", "admin.key",
+               "arbiter.db", "arbiter.db-wal", "arbiter.db-shm"]
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", *written], cwd=ROOT, capture_output=True,
+                             text=True, timeout=30, check=False)
+    assert ignored.stdout.split() == written, ignored.stderr
 
 
 def local_runtime() -> bool:

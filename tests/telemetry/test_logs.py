@@ -79,6 +79,18 @@ def test_one_access_line_per_request(stack: Stack, captured: io.StringIO) -> Non
     assert lines[1]["status"] == 404 and lines[1]["error_type"] == "not_found_error"
 
 
+def test_a_request_that_names_no_model_logs_a_dash_for_it(stack: Stack, captured: io.StringIO) -> None:
+    """A body that is not JSON, or JSON without a model: `-`, never `None` (a request refused
+    before its body is read, a 401, writes no access line)."""
+    with stack.client() as client:
+        garbled = client.post("/v1/systemone", content=b"not json", headers={"Content-Type": "application/json"})
+        nameless = client.post("/v1/systemone", json={"state": "x", "questions": {}})
+    lines = access_lines(captured, 2)
+    assert [line["status"] for line in lines] == [garbled.status_code, nameless.status_code] == [400, 400]
+    assert [line["model"] for line in lines] == ["-", "-"]
+    assert [line["message"] for line in lines] == ["decision - 400"] * 2
+
+
 def _broken(*_args: Any, **_kwargs: Any) -> Any:
     raise RuntimeError("injected fault")
 
