@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import orjson
 
 from app.decisions import embeddings
+from app.decisions.read_strategy import StrategyBackend
 from app.decisions.schema import MEDIA_FIELDS
 from app.errors import ArbiterError, BackendFailed, InvalidRequest
 from infra_adapters.base import (
@@ -25,16 +26,14 @@ from infra_adapters.base import (
     BackendProtocolError,
     BackendTimeout,
     CallOptions,
-    RemoteModel,
     Reply,
     ReplyNotOk,
-    Stream,
 )
 
 log = logging.getLogger("arbiter.embeddings")
 
 
-class EmbeddingBackend:
+class EmbeddingBackend(StrategyBackend):
     """Wraps a service's backend for one model: decisions by embedding similarity, anything else
     (embeddings themselves, versions, model lists) by the service's backend as it is."""
 
@@ -43,35 +42,10 @@ class EmbeddingBackend:
 
     def __init__(self, inner: Backend, model: str, embedder: ModelEmbedder,
                  temperature: float | None = None, cache_size: int = embeddings.CACHE_SIZE) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.model = model
+        super().__init__(inner, model)
         self.temperature = temperature or embeddings.DEFAULT_TEMPERATURE
         self.cache = embeddings.PassageCache(cache_size)
         self._embedder = embedder
-
-    @property
-    def has_credential(self) -> bool:
-        return self.inner.has_credential
-
-    def rejected_own_credential(self, answer: Reply | Stream) -> bool:
-        return self.inner.rejected_own_credential(answer)
-
-    def read_version(self) -> str | None:
-        return self.inner.read_version()
-
-    def list_models(self) -> list[RemoteModel]:
-        return self.inner.list_models()
-
-    def route(self, api: str) -> str | None:
-        # The OpenAI Decisions API is translated onto /v1/systemone, that is onto similarity.
-        return None if api == "openai-decisions" else self.inner.route(api)
-
-    async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> Stream:
-        return await self.inner.open(path, body, options)
-
-    def decisions_unsupported(self, reply: Reply) -> bool:
-        return False  # similarity needs nothing of the backend's own decision endpoint
 
     async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:
         media = [field for field in MEDIA_FIELDS if body.get(field)]

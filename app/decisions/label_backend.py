@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import orjson
 
 from app.decisions import labels
+from app.decisions.read_strategy import StrategyBackend
 from app.decisions.schema import MEDIA_FIELDS
 from app.errors import ArbiterError, BackendFailed, InvalidRequest
 from infra_adapters.base import (
@@ -27,10 +28,8 @@ from infra_adapters.base import (
     BackendProtocolError,
     BackendTimeout,
     CallOptions,
-    RemoteModel,
     Reply,
     ReplyNotOk,
-    Stream,
 )
 from infra_adapters.vllm import salted
 
@@ -88,46 +87,20 @@ async def spelled_label_ids(reader: ModelReader) -> dict[str, list[int]] | None:
     return by_label
 
 
-class LabelBackend:
+class LabelBackend(StrategyBackend):
     """Wraps a service's backend for one model: decisions by label reading, anything else (chat,
     versions, model lists) by the service's backend as it is."""
 
     kind = "labels"
 
     def __init__(self, inner: Backend, model: str, reader: ModelReader) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.model = model
+        super().__init__(inner, model)
         self._reader = reader
         self._token_ids: dict[str, list[int]] | None = None
         self._tokenizer_known = False
         self._tokenizer_lock = asyncio.Lock()
         # A vLLM's own /v1/systemone shows structured text its way: so do its reads (labels.py).
         self._value_text = labels.vllm_text if inner.kind == "vllm" else labels.compact_text
-
-    @property
-    def has_credential(self) -> bool:
-        return self.inner.has_credential
-
-    def rejected_own_credential(self, answer: Reply | Stream) -> bool:
-        return self.inner.rejected_own_credential(answer)
-
-    def read_version(self) -> str | None:
-        return self.inner.read_version()
-
-    def list_models(self) -> list[RemoteModel]:
-        return self.inner.list_models()
-
-    def route(self, api: str) -> str | None:
-        # The OpenAI Decisions API is translated onto /v1/systemone, that is onto label reading,
-        # never sent to the backend's own /v1/decisions.
-        return None if api == "openai-decisions" else self.inner.route(api)
-
-    async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> Stream:
-        return await self.inner.open(path, body, options)
-
-    def decisions_unsupported(self, reply: Reply) -> bool:
-        return False  # label reading needs nothing of the backend's own decision endpoint
 
     async def token_ids(self) -> dict[str, list[int]] | None:
         """Per label, the ids its reply's first token can be, from the model's tokenizer, read once
