@@ -110,6 +110,11 @@ class Settings(BaseSettings):
     install_lease: float = Field(
         30.0, gt=0, description="Seconds a running install may go unrefreshed before it counts as dead."
     )
+    # Label reading (docs/labels.md): under it, a question's diagnostics warn low_label_mass.
+    label_mass_warning: float = Field(
+        0.25, ge=0, le=1, description="The label_mass under which a label-read answer carries a "
+        "low_label_mass warning (0: never)."
+    )
 
     # The mesh (SPEC §5): off unless a mesh key is set.
     mesh_key: SecretStr | None = Field(

@@ -33,6 +33,7 @@ def test_other_settings_still_need_the_prefix(monkeypatch: pytest.MonkeyPatch) -
     ("key_cache_ttl", -1), ("max_concurrency", -1), ("mesh_max_hops", 0), ("log_level", "loud"),
     ("secret_key", "CHANGE-ME"), ("secret_key", "short"), ("metrics_token", "change_me"),
     ("mesh_key", "please-changeme"), ("key_pepper", "Change-Me"),
+    ("label_mass_warning", -0.1), ("label_mass_warning", 1.01), ("label_mass_warning", "half"),
 ])
 def test_values_out_of_range_are_refused(field: str, value: object) -> None:
     with pytest.raises(ValidationError) as refused:

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from app.decisions import jsonbody
+from app.decisions import answer_warnings, jsonbody
 from app.decisions.schema import MEDIA_FIELDS, DecisionRequest
 from app.decisions.textbound import Probe
 from app.errors import (
@@ -61,6 +61,7 @@ class Outcome:
     input_tokens: int | None = None
     output_tokens: int | None = None
     retry_after: str | None = None  # a backend error's own Retry-After
+    warnings: tuple[str, ...] = ()  # the codes of the answer's warnings (answer_warnings.py)
 
 
 class Forwarder:
@@ -250,7 +251,8 @@ class Forwarder:
             tokens_in = token_count(usage.get("input_tokens"))
             tokens_out = token_count(usage.get("output_tokens"))
         return Outcome(200, "application/json", _with_model(reply.body, answer, replica.backend_name, model),
-                       replica.provider, waited, tokens_in, tokens_out)
+                       replica.provider, waited, tokens_in, tokens_out,
+                       warnings=answer_warnings.codes_of(answer))
 
 
 class _ReplicaFault(Exception):

@@ -93,9 +93,10 @@ class LabelBackend(StrategyBackend):
 
     kind = "labels"
 
-    def __init__(self, inner: Backend, model: str, reader: ModelReader) -> None:
+    def __init__(self, inner: Backend, model: str, reader: ModelReader, mass_warning: float = 0.0) -> None:
         super().__init__(inner, model)
         self._reader = reader
+        self._mass_warning = mass_warning  # ARBITER_LABEL_MASS_WARNING
         self._token_ids: dict[str, list[int]] | None = None
         self._tokenizer_known = False
         self._tokenizer_lock = asyncio.Lock()
@@ -123,7 +124,8 @@ class LabelBackend(StrategyBackend):
         try:
             async with asyncio.timeout(options.timeout or None):
                 token_ids = await self.token_ids()
-                answer = await labels.decide(body, _Bound(self._reader, reads), token_ids, self._value_text)
+                answer = await labels.decide(body, _Bound(self._reader, reads), token_ids, self._value_text,
+                                            self._mass_warning)
         except ArbiterError as error:  # a question that cannot be read this way: the tenant's 400
             return _refusal(error)
         except ReplyNotOk as refused:  # the backend's own answer to a read: judged as any backend's

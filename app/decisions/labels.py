@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from app.decisions import answer_warnings
 from app.errors import InvalidRequest
 
 CHOICE_LABELS = tuple(string.ascii_uppercase)
@@ -292,8 +293,9 @@ def softmax(logprobs: Sequence[float]) -> list[float]:
 
 
 def answer_from_read(qid: str, question: Mapping[str, Any], labels: Sequence[str],
-                     read: LabelRead) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One System One answer and its diagnostics entry, from the labels' logprobs."""
+                     read: LabelRead, mass_warning: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One System One answer and its diagnostics entry, from the labels' logprobs; a
+    ``label_mass`` under ``mass_warning`` adds a ``low_label_mass`` warning (answer_warnings.py)."""
     missing = [label for label in labels if label not in read.logprobs]
     if missing:
         raise InvalidRequest(
@@ -311,6 +313,9 @@ def answer_from_read(qid: str, question: Mapping[str, Any], labels: Sequence[str
     bounded = [label for label in labels if label in read.bounded]
     if bounded:  # ranked below the backend's last reported token: at most that token's logprob
         diagnostics["bounded_labels"] = bounded
+    warning = answer_warnings.low_label_mass(read.label_mass, mass_warning)
+    if warning is not None:
+        diagnostics["warnings"] = [warning]
     qtype = question["type"]
     if qtype == "noul":
         return {"type": "noul", "noul": probs[0], "probabilities": {"yes": probs[0], "no": probs[1]},
@@ -327,11 +332,12 @@ def answer_from_read(qid: str, question: Mapping[str, Any], labels: Sequence[str
 
 async def decide(body: Mapping[str, Any], reader: LabelReader,
                  token_ids: Mapping[str, Sequence[int]] | None = None,
-                 text: ValueText = compact_text) -> dict[str, Any]:
+                 text: ValueText = compact_text, mass_warning: float = 0.0) -> dict[str, Any]:
     """``answers``, ``usage`` and ``diagnostics`` for a System One request already validated
     (``app.decisions.schema.validate``). ``token_ids``: label -> the ids its reply's first token
     can be, when the model's tokenizer is known; ``text``: how a non-string instructions or
-    description is shown. Every question is checked before any read is sent."""
+    description is shown; ``mass_warning``: the ``label_mass`` under which a question's
+    diagnostics warn. Every question is checked before any read is sent."""
     refuse_thinking(body)
     state = body["state"]
     instructions = body.get("instructions")
@@ -354,7 +360,7 @@ async def decide(body: Mapping[str, Any], reader: LabelReader,
     answers: dict[str, Any] = {}
     diagnostics: dict[str, Any] = {}
     for (qid, question, labels, _), read in zip(plans, reads):
-        answers[qid], diagnostics[qid] = answer_from_read(qid, question, labels, read)
+        answers[qid], diagnostics[qid] = answer_from_read(qid, question, labels, read, mass_warning)
     usage = {"input_tokens": sum(read.input_tokens for read in reads), "output_tokens": len(reads),
              "input_tokens_details": {"cached_tokens": sum(read.cached_tokens for read in reads)}}
     return {"answers": answers, "usage": usage, "diagnostics": diagnostics}

@@ -222,7 +222,8 @@ class Registry:
         if known is not None:
             asyncio.get_running_loop().create_task(known.aclose())
         labelled = LabelBackend(inner, backend_name, label_reader(service_type, inner, backend_name, credential,
-                                                                  self._settings))
+                                                                  self._settings),
+                                self._settings.label_mass_warning)
         self._label_backends[(service_id, backend_name)] = labelled
         return labelled
 

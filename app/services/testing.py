@@ -65,16 +65,30 @@ async def _decision(forwarder: Forwarder, model: str, service_id: int, headers: 
                                      len(jsonbody.dumps(body)), headers, only=service_id)
     record.provider, record.backend_seconds = outcome.provider, outcome.backend_seconds
     record.input_tokens, record.output_tokens = outcome.input_tokens, outcome.output_tokens
+    record.warnings = outcome.warnings
     if outcome.status != 200:
         return _failed(record, outcome.status, outcome.body)
-    answers = _object(outcome.body).get("answers")
+    data = _object(outcome.body)
+    answers = data.get("answers")
     answer = answers.get("test") if isinstance(answers, dict) else None
     if not isinstance(answer, dict):
         return {"ok": False, "status": 200, "error": "the answer has no 'test' answer: "
                 + outcome.body.decode("utf-8", "replace")[:500]}
     return {"ok": True, "status": 200, "question": body["questions"]["test"]["instructions"],
             "choice": answer.get("choice"), "probabilities": answer.get("probabilities"),
-            "confidence": answer.get("confidence")}
+            "confidence": answer.get("confidence"), "warnings": _warnings(data, "test")}
+
+
+def _warnings(data: dict[str, Any], qid: str) -> list[dict[str, str]]:
+    """A question's warnings (``diagnostics.<question>.warnings``, answer_warnings.py), as the
+    card shows them: each with a string code and message; none when the answer has none."""
+    diagnostics = data.get("diagnostics")
+    entry = diagnostics.get(qid) if isinstance(diagnostics, dict) else None
+    listed = entry.get("warnings") if isinstance(entry, dict) else None
+    if not isinstance(listed, list):
+        return []
+    return [{"code": str(w.get("code")), "message": str(w.get("message") or "")}
+            for w in listed if isinstance(w, dict)]
 
 
 async def _other(chat: ChatForwarder, kind: str, model: str, service_id: int,

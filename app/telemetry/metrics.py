@@ -37,6 +37,11 @@ class Metrics:
         self.alias_requests = LoopCounter(
             "arbiter_alias_requests", "Decision and chat requests that named a model by an alias.",
             ["gen_ai_operation_name", "alias", "gen_ai_request_model"], registry=self.registry)
+        # Answered decisions whose reading clearly failed (app/decisions/answer_warnings.py): one
+        # per warning, by the codes Arbiter writes only.
+        self.decision_warnings = LoopCounter(
+            "arbiter_decision_warnings", "Warnings on answered decisions (a reading that clearly failed), by code.",
+            ["gen_ai_request_model", "code"], registry=self.registry)
         self.requests = LoopCounter("arbiter_http_requests", "HTTP requests by route and status.",
                                 ["route", "method", "status"], registry=self.registry)
         self.in_flight = Gauge("arbiter_http_requests_in_flight", "HTTP requests being served.",
@@ -77,7 +82,11 @@ class Metrics:
                                        record.error_type or "").observe(record.seconds)
         if record.backend_seconds:
             self.overhead.labels(record.operation).observe(record.overhead_seconds)
-        if record.status != 200 or record.input_tokens is None or record.forwarded:
+        if record.status != 200 or record.forwarded:  # counted once, on the entry node
+            return
+        for code in record.warnings:
+            self.decision_warnings.labels(record.model, code).inc()
+        if record.input_tokens is None:
             return
         extra = (record.project or "",) if self._project_label else ()
         self.token_usage.labels(record.operation, provider, "input", record.model, *extra).observe(

@@ -90,6 +90,7 @@ class SystemOneRoute:
             record.status, record.provider = outcome.status, outcome.provider
             record.backend_seconds = outcome.backend_seconds
             record.input_tokens, record.output_tokens = outcome.input_tokens, outcome.output_tokens
+            record.warnings = outcome.warnings
             if outcome.status != 200:
                 record.error_type = str(outcome.status)
         if self.tracing.on:  # before the answer goes out: the server span ends with it

@@ -117,6 +117,13 @@
       if (view.confidence !== undefined && view.confidence !== null) {
         box.append(el("p", "muted small", "Confidence: " + Number(view.confidence).toFixed(3)));
       }
+      // A reading that clearly failed: answered, but the answer says so (diagnostics.<question>.warnings).
+      (view.warnings || []).forEach(function (warning) {
+        const note = el("p", "warning");
+        note.dataset.code = warning.code;
+        note.append(el("strong", "", "Warning (" + warning.code + "): "), warning.message);
+        box.append(note);
+      });
     } else if (view.kind === "completion") {
       box.append(el("p", "muted small", view.prompt));
       box.append(el("p", "", "Reply: " + (view.reply || "")));
