@@ -14,6 +14,8 @@ import pytest
 from app.db.session import Database
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
+from tests.decisions.test_answer_warnings import QWEN
+from tests.decisions.test_answer_warnings import _stack as labels_stack
 from tests.support import Gateway, Stack, decision
 from tests.ui.conftest import Shots
 
@@ -315,3 +317,19 @@ def test_the_api_docs_render_in_the_browser_under_their_policy(page: Any, stack:
     page.goto(f"{base}/ui/api-docs")
     page.get_by_text("/admin/projects", exact=True).first.wait_for(timeout=20000)
     assert not refused, refused
+
+
+def test_a_failed_reading_shows_its_warning_under_the_test_result(
+        page: Any, db: Database, vllm: Any, gateway_factory: Callable[..., Gateway]) -> None:
+    """The model card's Test draws a low_label_mass warning (arbiter.js), not only its JSON."""
+    stack = labels_stack(db, vllm, gateway_factory, label_mass_warning=0.6)
+    stack.extra["state"].label_mass = 0.4
+    base = stack.gateway.url
+    sign_in(page, base, stack.admin_key)
+    page.wait_for_url(f"{base}/ui/services")
+    page.goto(f"{base}/ui/models")
+    card = page.locator("article.card", has=page.get_by_role("heading", name=QWEN))
+    card.get_by_role("button", name="Test").click()
+    warning = card.locator('.test-result p.warning[data-code="low_label_mass"]').first
+    warning.wait_for(timeout=20000)
+    assert "low_label_mass" in warning.inner_text()
