@@ -105,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     add.set_defaults(run=_service_add)
 
     _alias_parsers(sub)
+    _model_parsers(sub)
 
     emulate = sub.add_parser("emulate", help="run a backend emulator (tests, local trials)")
     kinds = emulate.add_subparsers(metavar="BACKEND")
@@ -137,6 +138,55 @@ def _alias_parsers(sub: Any) -> None:
     remove = alias.add_parser("remove", help="remove an alias")
     remove.add_argument("alias")
     remove.set_defaults(run=_alias_remove)
+
+
+def _model_parsers(sub: Any) -> None:
+    model = sub.add_parser("model", help="installed models").add_subparsers(metavar="ACTION")
+    change = model.add_parser("set", help="how a model answers decisions (PATCH /admin/models/{id})")
+    change.add_argument("model", help="its public name")
+    change.add_argument("--service", help="the service's name, when several serve the model")
+    change.add_argument("--read-strategy", choices=("labels", "embeddings", "none"),
+                        help="labels: a generation model's label probabilities; embeddings: an embedding "
+                        "model's similarity; none: the backend's own decision endpoint")
+    change.add_argument("--temperature", type=float, help="the embeddings strategy's softmax temperature")
+    change.add_argument("--timeout", type=float, help="seconds a request to this model may take")
+    change.set_defaults(run=_model_set)
+
+
+def _model_set(args: argparse.Namespace) -> int:
+    from sqlalchemy import select
+
+    from app.db.models import Model, Service
+    from app.errors import InvalidRequest, NotFound
+    from app.services import service as services
+    from app.tenancy.service import CLI
+
+    changes: dict[str, Any] = {}
+    if args.read_strategy is not None:
+        changes["read_strategy"] = None if args.read_strategy == "none" else args.read_strategy
+    if args.temperature is not None:
+        changes["embedding_temperature"] = args.temperature
+    if args.timeout is not None:
+        changes["timeout"] = args.timeout
+    if not changes:
+        raise SystemExit("arbiter: nothing to set: give --read-strategy, --temperature or --timeout")
+
+    def work(session: Any, _c: Any, _s: Settings) -> str:
+        query = select(Model.id, Service.name).join(Service, Model.service_id == Service.id).where(
+            Model.public_name == args.model)
+        rows = [(i, name) for i, name in session.execute(query) if args.service in (None, name)]
+        if not rows:
+            where = f" on service '{args.service}'" if args.service else ""
+            raise NotFound(f"no model '{args.model}'{where} is installed")
+        if len(rows) > 1:
+            raise InvalidRequest(f"model '{args.model}' is on several services "
+                                 f"({', '.join(n for _, n in rows)}): name one with --service")
+        model, service = services.update_model(session, rows[0][0], CLI, changes)
+        return f"model '{model.public_name}' on '{service.name}' updated: " + ", ".join(
+            f"{k}={v}" for k, v in changes.items()) + " (running servers pick it up at their next registry refresh)"
+
+    print(_with_session(work))
+    return 0
 
 
 def _with_session(work: Callable[[Any, Any, Settings], Any]) -> Any:

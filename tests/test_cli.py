@@ -267,3 +267,33 @@ def test_project_create_warns_of_models_not_installed_and_creates_it(migrated: d
          "that provides it: arbiter service add)"),
     ]
     assert arbiter(migrated, "project", "create", "open", "--models", "all").stderr == ""
+
+
+def test_model_set_turns_an_embedding_model_into_a_decision_model(
+        migrated: dict[str, str], serve: Callable[[], str]) -> None:
+    state = OllamaState()
+    state.models["nomic-embed-text"] = ["embedding"]
+    with EmulatorServer(make_ollama_app(state)) as embedder:
+        arbiter(migrated, "service", "add", "--type", "ollama-external", "--url", embedder.url, "--name", "lab")
+        _set_and_use(migrated, serve)
+
+
+def _set_and_use(migrated: dict[str, str], serve: Callable[[], str]) -> None:
+    set_up = arbiter(migrated, "model", "set", "nomic-embed-text", "--read-strategy", "embeddings",
+                     "--temperature", "0.05")
+    assert "model 'nomic-embed-text' on 'lab' updated" in set_up.stdout
+    assert_one_line_error(arbiter(migrated, "model", "set", "nimble", "--read-strategy", "embeddings", ok=False),
+                          "needs an embedding model")
+    assert_one_line_error(arbiter(migrated, "model", "set", "nope", "--timeout", "5", ok=False), "no model 'nope'")
+    assert_one_line_error(arbiter(migrated, "model", "set", "nimble", ok=False), "nothing to set")
+    arbiter(migrated, "project", "create", "acme")
+    project_key = last_line(arbiter(migrated, "key", "create", "--project", "acme"))
+    admin_key = last_line(arbiter(migrated, "admin", "create-key"))
+    served = serve()
+    with httpx.Client(base_url=served, headers={"Authorization": f"Bearer {admin_key}"}) as admin:
+        [card] = [m for m in admin.get("/admin/models").json()["data"] if m["public_name"] == "nomic-embed-text"]
+    assert card["read_strategy"] == "embeddings" and card["embedding_temperature"] == 0.05
+    with httpx.Client(base_url=served, headers={"Authorization": f"Bearer {project_key}"}, timeout=30) as tenant:
+        answer = tenant.post("/v1/systemone", json=decision("nomic-embed-text"))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["diagnostics"]["team"]["label_mass"] == 1
