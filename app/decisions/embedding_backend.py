@@ -10,27 +10,12 @@ model's temperature on it at each reload.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-import orjson
-
 from app.decisions import embeddings
 from app.decisions.read_strategy import StrategyBackend
-from app.decisions.schema import MEDIA_FIELDS
-from app.errors import ArbiterError, BackendFailed, InvalidRequest
-from infra_adapters.base import (
-    Backend,
-    BackendProtocolError,
-    BackendTimeout,
-    CallOptions,
-    Reply,
-    ReplyNotOk,
-)
-
-log = logging.getLogger("arbiter.embeddings")
+from infra_adapters.base import Backend, CallOptions
 
 
 class EmbeddingBackend(StrategyBackend):
@@ -38,6 +23,7 @@ class EmbeddingBackend(StrategyBackend):
     (embeddings themselves, versions, model lists) by the service's backend as it is."""
 
     kind = "embeddings"
+    reading, not_in_time = "embedding similarity", "did not embed"
     default_temperature = embeddings.DEFAULT_TEMPERATURE
 
     def __init__(self, inner: Backend, model: str, embedder: ModelEmbedder,
@@ -47,26 +33,8 @@ class EmbeddingBackend(StrategyBackend):
         self.cache = embeddings.PassageCache(cache_size)
         self._embedder = embedder
 
-    async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:
-        media = [field for field in MEDIA_FIELDS if body.get(field)]
-        if media:
-            return _refusal(InvalidRequest(f"model '{self.model}' answers decisions by embedding similarity, "
-                                           f"which reads text only; it cannot take {', '.join(media)}"))
-        try:
-            async with asyncio.timeout(options.timeout or None):
-                answer = await embeddings.decide(body, _Bound(self._embedder, options), self.cache,
-                                                 self.temperature)
-        except ArbiterError as error:  # a question that cannot be answered this way: the tenant's 400
-            return _refusal(error)
-        except ReplyNotOk as refused:  # the backend's own answer to an embedding call
-            return refused.reply
-        except TimeoutError as exc:
-            raise BackendTimeout(f"model '{self.model}' did not embed within {options.timeout:g}s") from exc
-        except BackendProtocolError as exc:
-            # A 200 that holds no embeddings is this answer's fault, not the replica's (as in label_backend).
-            log.warning("embedding of model %s on %s failed: %s", self.model, self.url, exc)
-            raise BackendFailed(502, str(exc)) from exc
-        return Reply(200, "application/json", orjson.dumps({"model": body.get("model", self.model), **answer}))
+    async def decide(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
+        return await embeddings.decide(body, _Bound(self._embedder, options), self.cache, self.temperature)
 
     async def aclose(self) -> None:
         await self._embedder.aclose()
@@ -92,7 +60,3 @@ class _Bound:
 
     async def aclose(self) -> None:
         return None
-
-
-def _refusal(error: ArbiterError) -> Reply:
-    return Reply(error.status, "application/json", error.body())

@@ -13,27 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-import orjson
-
 from app.decisions import labels
 from app.decisions.read_strategy import StrategyBackend
-from app.decisions.schema import MEDIA_FIELDS
-from app.errors import ArbiterError, BackendFailed, InvalidRequest
-from infra_adapters.base import (
-    Backend,
-    BackendProtocolError,
-    BackendTimeout,
-    CallOptions,
-    Reply,
-    ReplyNotOk,
-)
+from infra_adapters.base import Backend, CallOptions
 from infra_adapters.vllm import salted
-
-log = logging.getLogger("arbiter.labels")
 
 
 class ModelReader(Protocol):
@@ -92,6 +78,7 @@ class LabelBackend(StrategyBackend):
     versions, model lists) by the service's backend as it is."""
 
     kind = "labels"
+    reading, not_in_time = "label reading", "was not read"
 
     def __init__(self, inner: Backend, model: str, reader: ModelReader, mass_warning: float = 0.0) -> None:
         super().__init__(inner, model)
@@ -113,36 +100,13 @@ class LabelBackend(StrategyBackend):
                 self._tokenizer_known = True
         return self._token_ids
 
-    async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:
-        media = [field for field in MEDIA_FIELDS if body.get(field)]
-        if media:
-            return _refusal(InvalidRequest(f"model '{self.model}' answers decisions by label reading, which reads "
-                                           f"text only; it cannot take {', '.join(media)}"))
+    async def decide(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
         # Every read carries the project's prefix-cache salt combined with the caller's own (SPEC §1).
         salt = salted({"cache_salt": body.get("cache_salt")}, options.tenant_salt).get("cache_salt")
         reads = dataclasses.replace(options, tenant_salt=salt if isinstance(salt, str) else None)
-        try:
-            async with asyncio.timeout(options.timeout or None):
-                token_ids = await self.token_ids()
-                answer = await labels.decide(body, _Bound(self._reader, reads), token_ids, self._value_text,
-                                            self._mass_warning)
-        except ArbiterError as error:  # a question that cannot be read this way: the tenant's 400
-            return _refusal(error)
-        except ReplyNotOk as refused:  # the backend's own answer to a read: judged as any backend's
-            return refused.reply
-        except TimeoutError as exc:
-            raise BackendTimeout(f"model '{self.model}' was not read within {options.timeout:g}s") from exc
-        except BackendProtocolError as exc:
-            # A 200 that cannot be read (no logprobs) is this answer's fault, not the replica's: a
-            # 502 that takes nothing out of service (SPEC §4: a connection error, a timeout or the
-            # backend's own 502/503/504 do).
-            log.warning("label read of model %s on %s failed: %s", self.model, self.url, exc)
-            raise BackendFailed(502, str(exc)) from exc
-        return Reply(200, "application/json", orjson.dumps({"model": body.get("model", self.model), **answer}))
+        token_ids = await self.token_ids()
+        return await labels.decide(body, _Bound(self._reader, reads), token_ids, self._value_text,
+                                   self._mass_warning)
 
     async def aclose(self) -> None:
         await self._reader.aclose()
-
-
-def _refusal(error: ArbiterError) -> Reply:
-    return Reply(error.status, "application/json", error.body())
