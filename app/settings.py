@@ -6,6 +6,7 @@ Every field is documented in docs/configuration.md; a test fails when one is not
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -114,6 +115,11 @@ class Settings(BaseSettings):
     label_mass_warning: float = Field(
         0.25, ge=0, le=1, description="The label_mass under which a label-read answer carries a "
         "low_label_mass warning (0: never)."
+    )
+
+    label_calibration: Literal["local", "all", "off"] = Field(
+        "local", description="Which label-read models divide a content-free baseline out of their "
+        "answers (docs/labels.md): the in-process models (local), every one (all) or none (off)."
     )
 
     # The mesh (SPEC §5): off unless a mesh key is set.

