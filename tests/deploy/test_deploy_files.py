@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,17 @@ def _deploy_files() -> list[Path]:
 
 
 def _yaml_files() -> list[Path]:
-    return [p for p in _deploy_files() if p.suffix in (".yaml", ".yml")]
+    # A Helm chart's templates are Go templates, YAML only once rendered: test_helm_chart.py renders them.
+    return [p for p in _deploy_files() if p.suffix in (".yaml", ".yml") and "templates" not in p.parts]
 
 
 def _load_all(path: Path) -> list[Any]:
     assert yaml is not None
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def _project_version() -> str:
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
 
 
 def _compose() -> dict[str, Any]:
@@ -132,8 +138,16 @@ def test_every_yaml_file_parses(path: Path) -> None:
     assert _load_all(path), f"{path} has no document"
 
 
+# What the `arbiter` command line reads as a client of a remote server (app/cli/connection.py), beside
+# the server's settings.
+CLIENT_VARIABLES = ("ARBITER_URL", "ARBITER_ADMIN_KEY", "ARBITER_ADMIN_KEY_FILE")
+
+
 def test_every_arbiter_variable_is_a_real_setting() -> None:
-    settings = {f"ARBITER_{name.upper()}" for name in Settings.model_fields}
+    cli = " ".join(p.read_text() for p in (ROOT / "app").glob("cli*/**/*.py")) + (
+        (ROOT / "app" / "cli.py").read_text() if (ROOT / "app" / "cli.py").is_file() else "")
+    clients = {name for name in CLIENT_VARIABLES if name in cli}
+    settings = {f"ARBITER_{name.upper()}" for name in Settings.model_fields} | clients
     if "redis_url" not in Settings.model_fields:
         # ARBITER_REDIS_URL (shared rate limits, change notifications) was being added to
         # app/settings.py while deploy/ was written: tolerate exactly that one name until it lands.
@@ -254,6 +268,17 @@ def test_compose_has_two_arbiter_replicas_behind_the_migration() -> None:
 
 
 @needs_yaml
+def test_compose_replicas_spool_usage_on_a_shared_volume() -> None:
+    """A re-created container (`up --build`) keeps what a shutdown spooled, and any replica writes it."""
+    compose = _compose()
+    for name, svc in _arbiter_replicas(compose).items():
+        spool_dir = _environment(svc)["ARBITER_USAGE_SPOOL_DIR"]
+        (volume,) = [v.split(":")[0] for v in svc["volumes"] if v.split(":")[1] == spool_dir]
+        assert volume in compose["volumes"], f"{name}: {volume} is a named volume"
+    assert "install -d -o 10001 -g 10001" in DOCKERFILE.read_text(), "the image gives the user the directory"
+
+
+@needs_yaml
 def test_compose_commands_are_arbiter_subcommands() -> None:
     compose = _compose()
     migrate = compose["services"]["migrate"]
@@ -305,7 +330,9 @@ def test_kustomization_lists_every_manifest() -> None:
 @needs_yaml
 def test_deployment_replicas_probes_and_shutdown() -> None:
     deployment = _one("Deployment")
-    assert deployment["spec"]["replicas"] >= 2
+    # The HPA owns the count: a replicas field would set it back on every `kubectl apply`.
+    assert "replicas" not in deployment["spec"]
+    assert _one("HorizontalPodAutoscaler")["spec"]["minReplicas"] >= 2
     pod = _pod_spec(deployment)
     (container,) = pod["containers"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -340,6 +367,50 @@ def test_deployment_is_locked_down_and_configured() -> None:
     annotations = _one("Deployment")["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == config["ARBITER_METRICS_PORT"]
     assert config["ARBITER_AUTO_MIGRATE"] == "false", "migrations run in the Job only"
+
+
+@needs_yaml
+def test_the_usage_spool_is_on_a_writable_volume() -> None:
+    """The root filesystem is read-only: without a volume and ARBITER_USAGE_SPOOL_DIR pointing at it,
+    the records a shutdown keeps while the database is away could not be written."""
+    pod = _pod_spec(_one("Deployment"))
+    (container,) = pod["containers"]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    spool_dir = env["ARBITER_USAGE_SPOOL_DIR"]
+    assert "ARBITER_USAGE_SPOOL_DIR" not in _one("ConfigMap")["data"], "one place sets it"
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == spool_dir]
+    assert not mount.get("readOnly")
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert "emptyDir" in volume or "persistentVolumeClaim" in volume, volume
+
+
+@needs_yaml
+def test_migration_job_cleans_itself_up() -> None:
+    job = _one("Job")
+    # A finished Job's pod template cannot change: deleted after a while, the next release's apply
+    # makes it anew instead of failing on an immutable field.
+    assert 0 < job["spec"]["ttlSecondsAfterFinished"] <= 3600
+    assert job["spec"]["activeDeadlineSeconds"] > 0
+
+
+@needs_yaml
+def test_kustomization_images_point_at_no_placeholder_registry() -> None:
+    (kustomization,) = _load_all(K8S / "kustomization.yaml")
+    (image,) = kustomization["images"]
+    assert image["name"] == ARBITER_IMAGE_K8S
+    reference = f"{image.get('newName', image['name'])}:{image['newTag']}"
+    assert PLACEHOLDER not in reference.lower() and "example." not in reference, reference
+    assert image["newTag"] == _project_version(), "the release this tree builds (pyproject.toml)"
+
+
+@needs_yaml
+def test_k8s_objects_are_valid_kubernetes() -> None:
+    """Against the OpenAPI schemas kubernetes-validate bundles (offline), unknown fields refused."""
+    kubernetes_validate = pytest.importorskip(
+        "kubernetes_validate", reason="kubernetes-validate is not installed (it is in the [test] extra)")
+    for obj in _k8s_objects():
+        for version in ("1.25.0", kubernetes_validate.latest_version()):
+            kubernetes_validate.validate(obj, version, strict=True)
 
 
 @needs_yaml
@@ -397,7 +468,8 @@ def test_docs_commands_are_arbiter_subcommands() -> None:
     text = DOCS.read_text()
     # `arbiter ...` in inline code, at a line's start, in $(...), or after `exec [-T] arbiter-N`
     # or an image name; "kubectl -n arbiter wait" and prose are not commands.
-    command = r"(?:^|`|\$\(|arbiter-\d+ |arbiter:local )arbiter ([a-z][^`|)\n]*)"
+    # `kubectl exec deploy/arbiter -- arbiter ...` too.
+    command = r"(?:^|`|\$\(|arbiter-\d+ |arbiter:local |deploy/[a-z-]+ -- )arbiter ([a-z][^`|)\n]*)"
     found = re.findall(command, text, re.MULTILINE)
     assert len(found) >= 5
     for rest in found:
