@@ -27,12 +27,16 @@ def components(request: Request) -> Components:
     return request.app.state.components  # type: ignore[no-any-return]
 
 
-async def project_principal(request: Request,
-                            authorization: Annotated[str | None, Header()] = None) -> Principal:
+# The key is the operation's security requirement in the OpenAPI document (app/api/openapi.py),
+# not a header parameter of its own.
+Authorization = Annotated[str | None, Header(include_in_schema=False)]
+
+
+async def project_principal(request: Request, authorization: Authorization = None) -> Principal:
     return await components(request).keys.authenticate(authorization, "project")
 
 
-async def admin_actor(request: Request, authorization: Annotated[str | None, Header()] = None) -> Actor:
+async def admin_actor(request: Request, authorization: Authorization = None) -> Actor:
     principal = await components(request).keys.authenticate(authorization, "admin")
     return Actor(principal.actor, request.scope.get("state", {}).get("request_id"))
 
@@ -40,8 +44,8 @@ async def admin_actor(request: Request, authorization: Annotated[str | None, Hea
 class Permission:
     """What an admin route needs of the caller's role (``dependencies=[needs(...)]``). AdminRoute
     checks it, before FastAPI reads the body; as a dependency it gives the checked principal.
-    ``project`` names the path parameter that holds the project (or, for ``KEY_MANAGE``, the key
-    id) that a project-admin must manage."""
+    ``project`` names the path parameter that holds the project (or, for ``KEY_MANAGE`` and
+    ``KEY_READ``, the key id) that a project-admin must manage."""
 
     def __init__(self, need: Need, project: str | None = None) -> None:
         self.need = need
@@ -81,7 +85,7 @@ async def check(request: Request, principal: Principal, permission: Permission, 
     """PermissionDenied (403, audited) unless ``principal``'s role allows ``permission`` here."""
     c = components(request)
     scope = request.path_params.get(permission.project) if permission.project else None
-    if permission.need is Need.KEY_MANAGE and scope is not None:
+    if permission.need in (Need.KEY_MANAGE, Need.KEY_READ) and scope is not None:
         scope = await _key_project(c, principal, str(scope))
     reason = roles.refusal(principal, permission.need, scope)
     if reason is not None:

@@ -32,19 +32,20 @@ class Need(StrEnum):
     PROJECT_READ = "project-read"      # a read of one named project: it, its keys, its usage
     PROJECT_MANAGE = "project-manage"  # one named project's keys and limits
     KEY_MANAGE = "key-manage"          # one key by id (its limits, revocation, rotation): the key's project
+    KEY_READ = "key-read"              # a read of one key by id: every reader, a project-admin its projects' keys
 
 
 _GRANTS: dict[str, frozenset[Need]] = {
     OWNER: frozenset(Need),
-    OPERATOR: frozenset({Need.READ, Need.OPERATE, Need.SCOPED_READ, Need.PROJECT_READ}),
-    VIEWER: frozenset({Need.READ, Need.SCOPED_READ, Need.PROJECT_READ}),
+    OPERATOR: frozenset({Need.READ, Need.OPERATE, Need.SCOPED_READ, Need.PROJECT_READ, Need.KEY_READ}),
+    VIEWER: frozenset({Need.READ, Need.SCOPED_READ, Need.PROJECT_READ, Need.KEY_READ}),
     PROJECT_ADMIN: frozenset({Need.SCOPED_READ}),  # and the project needs, for its own projects
 }
-_PROJECT_NEEDS = frozenset({Need.PROJECT_READ, Need.PROJECT_MANAGE, Need.KEY_MANAGE})
+_PROJECT_NEEDS = frozenset({Need.PROJECT_READ, Need.PROJECT_MANAGE, Need.KEY_MANAGE, Need.KEY_READ})
 _WHAT = {Need.READ: "read the whole gateway's state", Need.OPERATE: "change services, models or the mesh",
          Need.OWNER: "manage organizations, projects or admin keys", Need.SCOPED_READ: "read this",
          Need.PROJECT_READ: "read this project", Need.PROJECT_MANAGE: "manage this project's keys and limits",
-         Need.KEY_MANAGE: "manage this key"}
+         Need.KEY_MANAGE: "manage this key", Need.KEY_READ: "read this key"}
 
 
 def role_of(principal: Principal) -> str:
@@ -63,6 +64,12 @@ def refusal(principal: Principal, need: Need, project: str | None = None) -> str
             and project in principal.admin_projects:
         return None
     return f"an admin key with the role '{role}' may not {_WHAT[need]}"
+
+
+def refusable(need: Need) -> bool:
+    """Whether some role is refused ``need`` (somewhere), so that a route needing it can answer
+    403: every need but SCOPED_READ, which every role has (a project-admin reads its part)."""
+    return any(need not in _GRANTS[role] for role in ROLES)
 
 
 def allows(principal: Principal, need: Need, project: str | None = None) -> bool:

@@ -282,6 +282,11 @@ def admin_key_view(session: Session, key: ApiKey) -> dict[str, Any]:
     return {**key_view(key), "role": key.role or OWNER, "projects": admin_project_names(session, key)}
 
 
+def any_key_view(session: Session, key: ApiKey) -> dict[str, Any]:
+    """A key of either kind as the admin API lists it: an admin key with its role and projects."""
+    return admin_key_view(session, key) if key.kind == "admin" else key_view(key, key_project_name(session, key))
+
+
 def key_view(key: ApiKey, project_name: str | None = None) -> dict[str, Any]:
     """A key as the admin API shows it: never its value or digest."""
     return {

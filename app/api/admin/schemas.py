@@ -40,6 +40,10 @@ class OrganizationCreate(_Strict):
     name: SafeStr = Field(min_length=1, max_length=200)
 
 
+class OrganizationRename(_Strict):
+    name: SafeStr = Field(min_length=1, max_length=200)
+
+
 class ProjectCreate(_Strict):
     name: SafeStr = Field(min_length=1, max_length=200)
     models: Allowlist = "all"

@@ -17,6 +17,9 @@ ROLES = ("owner", "operator", "viewer", "project-admin")
 # ``needs(...)``, without which the app does not even build).
 POLICY = {
     "POST /admin/organizations": "owner",
+    "GET /admin/organizations": "read",
+    "GET /admin/organizations/{name}": "read",
+    "PATCH /admin/organizations/{name}": "owner",
     "GET /admin/projects": "scoped-read",
     "POST /admin/projects": "owner",
     "GET /admin/projects/{name}": "project-read",
@@ -26,6 +29,7 @@ POLICY = {
     "GET /admin/projects/{name}/usage": "project-read",
     "GET /admin/admin-keys": "read",
     "POST /admin/admin-keys": "owner",
+    "GET /admin/keys/{key_id}": "key-read",
     "PATCH /admin/keys/{key_id}": "key-manage",
     "POST /admin/keys/{key_id}/revoke": "key-manage",
     "POST /admin/keys/{key_id}/rotate": "key-manage",
@@ -65,6 +69,7 @@ ALLOWED = {
     "project-read": set(ROLES),
     "project-manage": {"owner", "project-admin"},
     "key-manage": {"owner", "project-admin"},
+    "key-read": set(ROLES),
 }
 
 
@@ -72,7 +77,8 @@ def admin_routes(stack: Stack) -> list[tuple[str, str]]:
     """(method, template) of every /admin route the app serves, from its routes (not its docs)."""
     found = []
     for context in iter_route_contexts(stack.gateway.app.fastapi.routes):
-        path = (context.path or "").replace("{model:path}", "{model}").replace("{alias:path}", "{alias}")
+        path = (context.path or "").replace("{model:path}", "{model}").replace("{alias:path}", "{alias}").replace(
+            "{name:path}", "{name}")
         if path.startswith("/admin"):
             found += [(method, path) for method in sorted(context.methods or ()) if method != "HEAD"]
     return found
@@ -120,7 +126,8 @@ def test_every_admin_route_is_in_the_matrix(stack: Stack) -> None:
     routes = {f"{method} {path}" for method, path in admin_routes(stack)}
     assert routes == set(POLICY), {"not in POLICY": routes - set(POLICY), "gone": set(POLICY) - routes}
     for context in iter_route_contexts(stack.gateway.app.fastapi.routes):  # and each declares that need
-        path = (context.path or "").replace("{model:path}", "{model}").replace("{alias:path}", "{alias}")
+        path = (context.path or "").replace("{model:path}", "{model}").replace("{alias:path}", "{alias}").replace(
+            "{name:path}", "{name}")
         for method in context.methods or () if path.startswith("/admin") else ():
             assert context.original_route.permission.need.value == POLICY[f"{method} {path}"]  # type: ignore[union-attr]
 
