@@ -18,6 +18,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from app.api import docs as api_docs
 from app.api import errors
 from app.api import mesh as mesh_routes
+from app.api import openapi as api_openapi
 from app.api.admin import aliases as admin_aliases
 from app.api.admin import mesh as admin_mesh
 from app.api.admin import models as admin_models
@@ -26,6 +27,7 @@ from app.api.admin import tenancy as admin_tenancy
 from app.api.admin import usage as admin_usage
 from app.api.asgi import ASGIApp, Receive, Scope, Send
 from app.api.middleware import build_stack
+from app.api.public import lean_openapi
 from app.api.public import metrics as public_metrics
 from app.api.public import routes as public_routes
 from app.api.public.chat import PATHS as CHAT_PATHS
@@ -36,14 +38,6 @@ from app.api.throttle import FailedKeyThrottle
 from app.components import Components
 from app.decisions.offloop import OffLoop
 from app.decisions.openai_api.forward import OpenAIDecisionForwarder
-from app.decisions.openai_api.openapi import route_openapi as openai_decisions_openapi
-from app.decisions.openapi import (
-    ANSWER,
-    ANY_OBJECT,
-    CHAT_REQUEST,
-    SYSTEMONE_REQUEST,
-    lean_route_openapi,
-)
 from app.settings import Settings
 from app.ui import routes as ui_routes
 
@@ -127,6 +121,7 @@ def _build_fastapi(components: Components) -> FastAPI:
     app.state.components = components
     errors.install(app)
     api_docs.install(app, components.settings.public_api_docs)
+    api_openapi.install(app, components.settings)  # security schemes, 400 never 422, the real statuses
     app.include_router(public_routes.router)
     app.include_router(public_metrics.router)
     app.include_router(admin_tenancy.router)
@@ -139,16 +134,16 @@ def _build_fastapi(components: Components) -> FastAPI:
     app.include_router(mesh_routes.router)
 
     # POST on these paths is taken by the lean routes before FastAPI; declared here so that
-    # other methods get FastAPI's 405 with Allow, and the routes appear in the OpenAPI schema.
+    # other methods get FastAPI's 405 with Allow, and the routes appear in the OpenAPI schema
+    # (documented only: lean_openapi.py; FastAPI never reads their bodies nor checks their answers).
     app.add_api_route(DECISION_PATH, _served_by_lean_route, methods=["POST"], summary="System One decisions",
-                      openapi_extra=lean_route_openapi(SYSTEMONE_REQUEST, ANSWER))
+                      **lean_openapi.systemone())
     app.add_api_route(OPENAI_DECISIONS_PATH, _served_by_lean_route, methods=["POST"],
-                      summary="The OpenAI Decisions API, on every decision model",
-                      openapi_extra=openai_decisions_openapi())
+                      summary="The OpenAI Decisions API, on every decision model", **lean_openapi.openai_decisions())
     for path in CHAT_PATHS:
         app.add_api_route(path, _served_by_lean_route, methods=["POST"],
                           summary="Chat, forwarded to a model with the completion capability",
-                          openapi_extra=lean_route_openapi(CHAT_REQUEST, ANY_OBJECT))
+                          **lean_openapi.chat(path))
 
     return app
 

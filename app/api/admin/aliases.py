@@ -7,15 +7,17 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from app.api.admin.answers import Alias, AliasList
 from app.api.admin.schemas import AliasCreate
 from app.api.deps import AdminDep, AdminRoute, ComponentsDep, needs
+from app.api.documented import answer
 from app.services import aliases
 from app.tenancy.roles import Need
 
 router = APIRouter(prefix="/admin", route_class=AdminRoute)
 
 
-@router.get("/aliases", dependencies=[needs(Need.READ)])
+@router.get("/aliases", dependencies=[needs(Need.READ)], **answer(AliasList))
 async def list_aliases(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     """Every alias with its status: active, shadowed (a model of its name wins) or target_missing."""
     is_model = c.registry.known
@@ -23,7 +25,9 @@ async def list_aliases(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
                                                   for a in aliases.list_aliases(s)])}
 
 
-@router.post("/aliases", status_code=201, dependencies=[needs(Need.OPERATE)])
+@router.post("/aliases", dependencies=[needs(Need.OPERATE)], **answer(Alias, 201, {
+    400: "a bad name, a target that is not installed or is an alias itself, or a name an alias points at",
+    409: "an alias of that name exists, or a model has the name"}))
 async def create_alias(body: AliasCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     known = c.registry.known  # a model of the mesh counts, as one installed here
     view = await c.in_change(lambda s: aliases.alias_view(aliases.create_alias(s, actor, body.alias, body.model,
@@ -32,7 +36,7 @@ async def create_alias(body: AliasCreate, actor: AdminDep, c: ComponentsDep) -> 
     return view
 
 
-@router.delete("/aliases/{alias:path}", status_code=204, dependencies=[needs(Need.OPERATE)])
+@router.delete("/aliases/{alias:path}", dependencies=[needs(Need.OPERATE)], **answer(None, 204))
 async def remove_alias(alias: str, actor: AdminDep, c: ComponentsDep) -> None:
     await c.in_change(lambda s: aliases.remove_alias(s, actor, alias))
     await c.changed_models()

@@ -7,8 +7,17 @@ from typing import Any
 from fastapi import APIRouter
 from sqlalchemy.orm import Session
 
+from app.api.admin.answers import (
+    MESH_WARNING,
+    ModelList,
+    NewService,
+    Service,
+    ServiceList,
+    ServiceStatus,
+)
 from app.api.admin.schemas import ServiceCreate, ServiceUpdate
 from app.api.deps import AdminDep, AdminRoute, ComponentsDep, needs
+from app.api.documented import answer
 from app.services import service as services
 from app.services import sync
 from app.tenancy.roles import Need
@@ -16,13 +25,15 @@ from app.tenancy.roles import Need
 router = APIRouter(prefix="/admin", route_class=AdminRoute)
 
 
-@router.get("/services", dependencies=[needs(Need.READ)])
+@router.get("/services", dependencies=[needs(Need.READ)], **answer(ServiceList))
 async def list_services(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     views = await c.in_session(lambda s: [services.service_view(x) for x in services.list_services(s)])
     return {"data": [with_backoffs(v, c) for v in views]}
 
 
-@router.post("/services", status_code=201, dependencies=[needs(Need.OPERATE)])
+@router.post("/services", dependencies=[needs(Need.OPERATE)], **answer(NewService, 201, {
+    400: "a bad field, or the backend cannot be reached or read",
+    409: f"a service of that name exists; or {MESH_WARNING}"}))
 async def add_service(body: ServiceCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> dict[str, Any]:
         service = services.add_service(s, c.settings, actor, type=body.type, url=body.url, name=body.name,
@@ -37,12 +48,12 @@ async def add_service(body: ServiceCreate, actor: AdminDep, c: ComponentsDep) ->
     return with_backoffs(view, c)
 
 
-@router.get("/services/{name}", dependencies=[needs(Need.READ)])
+@router.get("/services/{name}", dependencies=[needs(Need.READ)], **answer(ServiceStatus))
 async def get_service(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     return with_backoffs(await c.in_session(lambda s: services.service_view(services.get_service(s, name))), c)
 
 
-@router.patch("/services/{name}", dependencies=[needs(Need.OPERATE)])
+@router.patch("/services/{name}", dependencies=[needs(Need.OPERATE)], **answer(ServiceStatus))
 async def update_service(name: str, body: ServiceUpdate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     changes = body.model_dump(exclude_unset=True)
     view = await c.in_change(lambda s: services.service_view(
@@ -57,13 +68,13 @@ def with_backoffs(view: dict[str, Any], c: Any) -> dict[str, Any]:
     return view
 
 
-@router.delete("/services/{name}", status_code=204, dependencies=[needs(Need.OPERATE)])
+@router.delete("/services/{name}", dependencies=[needs(Need.OPERATE)], **answer(None, 204))
 async def remove_service(name: str, actor: AdminDep, c: ComponentsDep) -> None:
     await c.in_change(lambda s: services.remove_service(s, name, actor))
     await c.changed_models()
 
 
-@router.post("/services/{name}/refresh", dependencies=[needs(Need.OPERATE)])
+@router.post("/services/{name}/refresh", dependencies=[needs(Need.OPERATE)], **answer(Service))
 async def refresh_service(name: str, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> dict[str, Any]:
         service = services.get_service(s, name)
@@ -74,7 +85,7 @@ async def refresh_service(name: str, actor: AdminDep, c: ComponentsDep) -> dict[
     return view
 
 
-@router.get("/services/{name}/models", dependencies=[needs(Need.READ)])
+@router.get("/services/{name}/models", dependencies=[needs(Need.READ)], **answer(ModelList))
 async def list_service_models(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     def work(s: Session) -> list[dict[str, Any]]:
         service = services.get_service(s, name)
@@ -82,6 +93,6 @@ async def list_service_models(name: str, _actor: AdminDep, c: ComponentsDep) -> 
     return {"data": await c.in_session(work)}
 
 
-@router.get("/models", dependencies=[needs(Need.READ)])
+@router.get("/models", dependencies=[needs(Need.READ)], **answer(ModelList))
 async def list_models(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     return {"data": await c.in_session(lambda s: [services.model_view(m, x) for m, x in services.all_models(s)])}

@@ -13,6 +13,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.api.deps import ComponentsDep, ProjectDep
+from app.api.documented import answer
+from app.api.public.answers import Alive, ModelListing, NotReady, ProjectUsage, Ready
 from app.db import migrate
 from app.errors import InvalidRequest
 from app.services import model_list
@@ -22,13 +24,13 @@ router = APIRouter()
 log = logging.getLogger("arbiter.api")
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", **answer(ModelListing))
 async def list_models(principal: ProjectDep, components: ComponentsDep) -> dict[str, Any]:
     """The models and aliases this key's project may use, in OpenAI's and TypeSafe's shapes."""
     return model_list.listing(components.registry, principal)
 
 
-@router.get("/v1/usage")
+@router.get("/v1/usage", **answer(ProjectUsage))
 async def project_usage(principal: ProjectDep, components: ComponentsDep, since: dt.date | None = None,
                         until: dt.date | None = None,
                         days: Annotated[int | None, Query(ge=1, le=3660)] = None) -> dict[str, Any]:
@@ -45,12 +47,15 @@ async def project_usage(principal: ProjectDep, components: ComponentsDep, since:
             "until": until.isoformat() if until else None, "data": rows}
 
 
-@router.get("/healthz")
+@router.get("/healthz", **answer(Alive))
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+NOT_READY = "the database is unavailable or behind the code's migrations"
+
+
+@router.get("/readyz", **answer(Ready, also={503: (NotReady, NOT_READY)}))
 async def readyz(components: ComponentsDep) -> JSONResponse:
     def check() -> None:
         with components.database.engine.connect() as connection:

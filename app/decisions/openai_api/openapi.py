@@ -1,9 +1,13 @@
 """The OpenAPI description of ``POST /v1/decisions`` (a lean route: FastAPI cannot infer it).
-The rules themselves are ``request.validate``; this is for documentation and fuzzing."""
+The rules themselves are ``request.validate``; this is for documentation and fuzzing. The
+answer's and the error's models document only: nothing validates or re-serialises an answer
+(a vLLM's own passes through with only ``model`` rewritten, its other fields kept)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 _TEXT_PART = {"type": "object", "required": ["type", "text"],
               "properties": {"type": {"const": "input_text"}, "text": {"type": "string"}}}
@@ -44,26 +48,77 @@ REQUEST: dict[str, Any] = {
     },
 }
 
-ANSWER: dict[str, Any] = {
-    "type": "object", "required": ["model", "answers", "usage"],
-    "properties": {"model": {"type": "string"}, "answers": {"type": "array", "items": {"type": "object"}},
-                   "usage": {"type": "object"}},
-}
-
-ERROR: dict[str, Any] = {
-    "type": "object", "required": ["error"],
-    "properties": {"error": {"type": "object", "required": ["message", "type", "param", "code"], "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"},
-        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
-}
+class _PassedOn(BaseModel):
+    model_config = ConfigDict(extra="allow")
 
 
-def route_openapi() -> dict[str, Any]:
-    """The ``openapi_extra`` of the route: its request, its answer and its error shape."""
-    def body(schema: dict[str, Any]) -> dict[str, Any]:
-        return {"content": {"application/json": {"schema": schema}}}
+class DecisionPredicate(_PassedOn):
+    type: Literal["predicate"]
+    name: str | None = Field(description="the question's name, null for an unnamed one")
+    probability: float = Field(description="that the statement is true, 0 to 1")
 
-    error = {"description": "an error in the OpenAI shape (a backend's own error too)", **body(ERROR)}
-    return {"requestBody": {"required": True, **body(REQUEST)},
-            "responses": {"200": {"description": "the answers, in question order", **body(ANSWER)},
-                          "4XX": error, "5XX": error}}
+
+class ChoiceProbability(_PassedOn):
+    value: str | bool
+    probability: float
+
+
+class DecisionChoice(_PassedOn):
+    type: Literal["choice"]
+    name: str | None
+    choice: str | bool = Field(description="the winning value, with its JSON type")
+    confidence: float = Field(description="the backend's, 0 to 1")
+    probabilities: list[ChoiceProbability] = Field(description="in the request's order")
+
+
+class LevelProbability(_PassedOn):
+    value: int = Field(description="the level's zero-based index")
+    label: str
+    probability: float
+
+
+class DecisionScore(_PassedOn):
+    type: Literal["score"]
+    name: str | None
+    score: float = Field(description="the probability-weighted average of the zero-based level indices")
+    confidence: float
+    probabilities: list[LevelProbability]
+
+
+class InputTokensDetails(_PassedOn):
+    cached_tokens: int
+    cache_write_tokens: int
+
+
+class OutputTokensDetails(_PassedOn):
+    reasoning_tokens: int
+
+
+class DecisionUsage(_PassedOn):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class DecisionAnswer(_PassedOn):
+    """OpenAI's Decision object, as the SDK parses it (docs/api.md)."""
+
+    model: str = Field(description="the name the caller used")
+    answers: list[Annotated[DecisionPredicate | DecisionChoice | DecisionScore, Field(discriminator="type")]] = Field(
+        description="one per question, in the request's order")
+    usage: DecisionUsage
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="the error_type: invalid_request_error, authentication_error, ..., backend_error")
+    param: str | None = Field(description="the offending parameter (questions[0].choices[1].value), if any")
+    code: str | None = Field(description="a finer reason (unknown_parameter, rate_limit_exceeded, ...) or null")
+
+
+class OpenAIError(BaseModel):
+    """Every error on /v1/decisions, Arbiter's or a backend's: OpenAI's shape, which its SDK parses."""
+
+    error: OpenAIErrorDetail
