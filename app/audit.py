@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from app.db.models import AuditEntry
@@ -26,10 +26,21 @@ def record(session: Session, *, actor: str, action: str, target: str,
                            client_request_id=caller, details=details or {}))
 
 
-def entries(session: Session, *, limit: int = 100, before_id: int | None = None) -> list[dict[str, Any]]:
+def entries(session: Session, *, limit: int = 100, before_id: int | None = None, actor: str | None = None,
+            action: str | None = None, target: str | None = None) -> list[dict[str, Any]]:
+    """The newest entries first, older than ``before_id`` when given. ``actor`` and ``target``
+    keep the entries whose actor or target holds that text (any case); ``action`` those of that
+    action or of its dotted family (``project`` keeps ``project.create`` and ``project.update``)."""
     query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
     if before_id is not None:
         query = query.where(AuditEntry.id < before_id)
+    if actor:
+        query = query.where(AuditEntry.actor.icontains(actor, autoescape=True))
+    if action:
+        query = query.where(or_(AuditEntry.action == action,
+                                AuditEntry.action.startswith(f"{action}.", autoescape=True)))
+    if target:
+        query = query.where(AuditEntry.target.icontains(target, autoescape=True))
     return [
         {"id": e.id, "at": iso(e.at), "actor": e.actor, "action": e.action,
          "target": e.target, "request_id": e.request_id, "client_request_id": e.client_request_id,

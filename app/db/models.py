@@ -156,7 +156,9 @@ class UsageRecord(Base):
 
     __tablename__ = "usage_records"
     __table_args__ = (Index("ix_usage_project_at", "project_id", "at"), Index("ix_usage_at", "at"),
-                      Index("ux_usage_record_uid", "record_uid", unique=True))
+                      Index("ux_usage_record_uid", "record_uid", unique=True),
+                      # The web UI finds a request by the X-Request-Id its caller got (0013).
+                      Index("ix_usage_request_id", "request_id"))
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))

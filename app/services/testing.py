@@ -1,16 +1,18 @@
 """The Test action of a model card: one request through the same forwarding path tenants use,
-pinned to that card's service, billed to no project (its project label is `_test`)."""
+pinned to that card's service, billed to no project (its project label is `_test`). The card's
+playground (playground.py) runs the same way, with the admin's own state and questions."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from app.chat.forward import ChatForwarder
 from app.decisions import jsonbody
-from app.decisions.forward import Forwarder
+from app.decisions.forward import Forwarder, Outcome
 from app.decisions.schema import DecisionRequest
 from app.errors import ArbiterError
 from app.services.catalog import model_kind
@@ -35,40 +37,52 @@ async def run(forwarder: Forwarder, chat: ChatForwarder, observer: Observer, *, 
               service_id: int, capabilities: list[str], request_id: str | None = None) -> dict[str, Any]:
     kind = model_kind(capabilities)
     headers = {"X-Request-Id": request_id} if request_id else {}
-    record = RequestRecord(request_id or "", "decision" if kind == "decision" else "chat", "test",
-                           model=public_name, project=TEST_PROJECT)  # no project id: not billed
+
+    async def call(record: RequestRecord) -> dict[str, Any]:
+        if kind == "decision":
+            return await _decision(forwarder, public_name, service_id, headers, record)
+        if kind in ("completion", "embedding"):
+            return await _other(chat, kind, public_name, service_id, headers, record)
+        return {"ok": False, "status": None, "error": "this model has no capability that can be tested"}
+    result = await recorded(observer, unbilled_record(request_id, "decision" if kind == "decision" else "chat",
+                                                  public_name), call)
+    return {"kind": kind, "model": public_name, **result}
+
+
+def unbilled_record(request_id: str | None, operation: str, public_name: str) -> RequestRecord:
+    """The record of a Test (or a playground run): project ``_test`` and no project id, so it is
+    in the metrics and billed to no project."""
+    return RequestRecord(request_id or "", operation, "test", model=public_name, project=TEST_PROJECT)
+
+
+async def recorded(observer: Observer, record: RequestRecord,
+                   call: Callable[[RequestRecord], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """``call(record)``'s result with its latency, every run in the metrics (one that broke too);
+    an ArbiterError (the decision path's refusal, a backend away) is a result that says so."""
     started = time.perf_counter()
     result: dict[str, Any] | None = None
     try:
-        if kind == "decision":
-            result = await _decision(forwarder, public_name, service_id, headers, record)
-        elif kind in ("completion", "embedding"):
-            result = await _other(chat, kind, public_name, service_id, headers, record)
-        else:
-            result = {"ok": False, "status": None, "error": "this model has no capability that can be tested"}
+        result = await call(record)
     except ArbiterError as error:
-        result = {"ok": False, "status": error.status, "error": error.message}
+        result = {"ok": False, "status": error.status, "error": error.message, "source": "arbiter"}
         record.error_type, record.backend_seconds = error.error_type, error.backend_seconds
+        record.served_by = error.served_by
     finally:  # every Test is in the metrics, one that broke too
         if result is None:
             record.error_type = "internal_error"
         record.status = (result.get("status") or 0) if result is not None else 500
         record.seconds = time.perf_counter() - started
         observer.finish(record)
-    return {"kind": kind, "model": public_name, "latency_ms": round(record.seconds * 1000, 1), **result}
+    return {"latency_ms": round(record.seconds * 1000, 1), **result}
 
 
 async def _decision(forwarder: Forwarder, model: str, service_id: int, headers: dict[str, str],
                     record: RequestRecord) -> dict[str, Any]:
     body = decision_body(model)
-    outcome = await forwarder.decide(TEST_PRINCIPAL, body, DecisionRequest(model, (), False),
-                                     len(jsonbody.dumps(body)), headers, only=service_id)
-    record.provider, record.backend_seconds = outcome.provider, outcome.backend_seconds
-    record.input_tokens, record.output_tokens = outcome.input_tokens, outcome.output_tokens
-    record.warnings = outcome.warnings
+    outcome = await decided(forwarder, body, DecisionRequest(model, (), False), service_id, headers, record)
     if outcome.status != 200:
-        return _failed(record, outcome.status, outcome.body)
-    data = _object(outcome.body)
+        return failed(record, outcome.status, outcome.body)
+    data = json_object(outcome.body)
     answers = data.get("answers")
     answer = answers.get("test") if isinstance(answers, dict) else None
     if not isinstance(answer, dict):
@@ -76,10 +90,23 @@ async def _decision(forwarder: Forwarder, model: str, service_id: int, headers: 
                 + outcome.body.decode("utf-8", "replace")[:500]}
     return {"ok": True, "status": 200, "question": body["questions"]["test"]["instructions"],
             "choice": answer.get("choice"), "probabilities": answer.get("probabilities"),
-            "confidence": answer.get("confidence"), "warnings": _warnings(data, "test")}
+            "confidence": answer.get("confidence"), "warnings": warnings_of(data, "test")}
 
 
-def _warnings(data: dict[str, Any], qid: str) -> list[dict[str, str]]:
+async def decided(forwarder: Forwarder, body: dict[str, Any], request: DecisionRequest, service_id: int,
+                  headers: dict[str, str], record: RequestRecord) -> Outcome:
+    """``body`` decided as a tenant's request is (the text limit, the capability checks, the
+    forwarding path), on the card's service only and as no project; noted on ``record``."""
+    outcome = await forwarder.decide(TEST_PRINCIPAL, body, request, len(jsonbody.dumps(body)), headers,
+                                     only=service_id)
+    record.provider, record.backend_seconds = outcome.provider, outcome.backend_seconds
+    record.served_by = outcome.served_by
+    record.input_tokens, record.output_tokens = outcome.input_tokens, outcome.output_tokens
+    record.warnings = outcome.warnings
+    return outcome
+
+
+def warnings_of(data: dict[str, Any], qid: str) -> list[dict[str, str]]:
     """A question's warnings (``diagnostics.<question>.warnings``, answer_warnings.py), as the
     card shows them: each with a string code and message; none when the answer has none."""
     diagnostics = data.get("diagnostics")
@@ -103,15 +130,15 @@ async def _other(chat: ChatForwarder, kind: str, model: str, service_id: int,
     if not replicas:
         return {"ok": False, "status": 404, "error": "that service does not serve this model"}
     answer = await chat.open(replicas, body, api, headers)
-    record.provider = answer.replica.provider
+    record.provider, record.served_by = answer.replica.provider, answer.replica.answered_by
     try:
         payload = await answer.whole()  # a failure there is an ArbiterError, as one before it
     finally:
         record.backend_seconds = answer.waited
         await answer.close()
     if answer.status != 200:
-        return _failed(record, answer.status, payload)
-    data = _object(payload)
+        return failed(record, answer.status, payload)
+    data = json_object(payload)
     if kind == "completion":
         reply = _reply(data)
         if reply is False:
@@ -146,7 +173,7 @@ def _first_vector(data: dict[str, Any]) -> list[float] | None:
     return first
 
 
-def _object(body: bytes) -> dict[str, Any]:
+def json_object(body: bytes) -> dict[str, Any]:
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -154,11 +181,11 @@ def _object(body: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _failed(record: RequestRecord, status: int, body: bytes) -> dict[str, Any]:
+def failed(record: RequestRecord, status: int, body: bytes) -> dict[str, Any]:
     """The backend's error as it came (as text, for the card); its status is the error type, as
     for a tenant's request."""
     record.error_type = str(status)
-    return {"ok": False, "status": status, "error": body.decode("utf-8", "replace")[:2000]}
+    return {"ok": False, "status": status, "error": body.decode("utf-8", "replace")[:2000], "source": "backend"}
 
 
 def _unexpected(record: RequestRecord, body: bytes) -> dict[str, Any]:

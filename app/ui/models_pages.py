@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from app.api.admin.schemas import AliasCreate, ModelInstallRequest, ModelUpdate
 from app.errors import InvalidRequest
-from app.services import aliases, catalog
+from app.services import aliases, catalog, playground
 from app.services import service as services
 from app.tenancy.roles import Need
 from app.ui.roles import permitted
@@ -61,7 +61,8 @@ async def _page(request: Request, admin: Admin, *, status: int = 200, errors: di
                   gated=[s for s in service_views if not s["decisions_supported"]],
                   capability_choices=CAPABILITY_CHOICES, errors=errors or {}, warning=warning,
                   values=values or {}, checked=checked or [], notice=NOTICES.get(done), focus_install=install,
-                  edit=edit, summary=_summary(errors or {}, rows))
+                  edit=edit, summary=_summary(errors or {}, rows), playground_state=playground.EXAMPLE_STATE,
+                  playground_questions=playground.example_questions())
 
 
 def _summary(errors: dict[str, str], rows: list[dict[str, Any]]) -> list[tuple[str, str]]:

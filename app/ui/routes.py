@@ -14,11 +14,14 @@ from fastapi.responses import FileResponse
 from app.ui import (
     activity_pages,
     api,
+    audit_pages,
     auth,
     docs_pages,
     models_pages,
+    organizations_pages,
     projects_pages,
     services_pages,
+    usage_pages,
 )
 from app.ui.web import HERE, UiRoute, admin_if_any, render
 
@@ -50,6 +53,7 @@ async def not_found(request: Request, rest: str) -> Response:
 router = APIRouter(prefix="/ui", route_class=UiRoute)
 router.add_api_route("", auth.home, methods=["GET"], include_in_schema=False)
 router.add_api_route("/", auth.home, methods=["GET"], include_in_schema=False)
-for part in (auth, services_pages, models_pages, projects_pages, activity_pages, api, docs_pages):
+for part in (auth, services_pages, models_pages, projects_pages, organizations_pages, usage_pages, activity_pages,
+             audit_pages, api, docs_pages):
     router.include_router(part.router, include_in_schema=False)
 router.include_router(pages, include_in_schema=False)  # last: its catch-all answers what no page does

@@ -145,8 +145,8 @@ def test_an_operator_walks_through_the_ui(page: Any, context: Any, db: Database,
                 break
             time.sleep(0.2)
         assert recent.count() == 2  # the 200 and the 403
-        assert page.locator(".chart rect").count() == 1
-        assert "tev1" in page.locator(".legend").inner_text()
+        assert page.locator("#tokens-chart rect").count() == 1
+        assert "tev1" in page.locator("#tokens-chart .legend").inner_text()
         shots.take(page, "usage", docs=True)
 
         page.get_by_role("link", name="Audit log").click()

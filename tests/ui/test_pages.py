@@ -201,7 +201,10 @@ def test_usage_audit_and_unknown_pages(ui: httpx.Client, stack: Stack) -> None:
             or '<span class="badge bad">404</span>' not in usage.text or "<rect" not in usage.text:
         assert time.monotonic() < deadline, "usage never showed"
         time.sleep(0.1)
-    assert usage.text.count("<rect") == 1 and "nimble" in usage.text
+    tokens_chart = usage.text.split('id="tokens-chart"')[1].split("</figure>")[0]
+    assert tokens_chart.count("<rect") == 1 and "nimble" in tokens_chart  # the 404 has no tokens
+    status_chart = usage.text.split('id="status-chart"')[1].split("</figure>")[0]
+    assert status_chart.count('<rect class="status-2xx"') == 1 and status_chart.count('<rect class="status-4xx"') == 1
     assert usage.text.count('<span class="badge ok">200</span>') == 3
     assert ui.get("/ui/usage?project=nope").text.count("There is no such project") == 1
     assert "last 14 days" in ui.get("/ui/usage?days=13").text  # an odd period falls back
