@@ -26,6 +26,7 @@ from app.services.sync import SyncLoop
 from app.settings import Settings
 from app.telemetry.metrics import Metrics
 from app.telemetry.observer import Observer
+from app.telemetry.spool_watch import SpoolWatch
 from app.telemetry.tracing import Tracing, provider_from_environment
 from app.telemetry.usage import UsageLedger
 from app.tenancy import service as tenancy
@@ -67,11 +68,17 @@ class Components:
         self.sync = SyncLoop(self.database, settings, self.changed_models)
         self.installer = Installer(self.database, settings, self.changed_models)
         self.touches = KeyTouches(self.database)
+        spool_dir = _spool_dir(settings)
         self.ledger = UsageLedger(self.database, on_dropped=self.metrics.usage_dropped.inc,
-                                  spool_dir=_spool_dir(settings))
-        self.metrics.usage_pending.set_function(lambda: float(self.ledger.pending))  # read at scrape time
+                                  spool_dir=spool_dir, on_write_error=self.metrics.usage_write_errors.inc)
+        self.spool_watch = SpoolWatch(spool_dir)
+        # Read at scrape time, as is every service's reachability the registry last read.
+        self.metrics.usage_pending.set_function(lambda: float(self.ledger.pending))
+        self.metrics.usage_spool_records.set_function(lambda: float(self.spool_watch.waiting))
+        self.metrics.service_up.source = self.registry.reachable_services
         self.observer = Observer(self.metrics, self.ledger, log_payloads=settings.log_payloads,
-                                 is_known=self.registry.known, alias_target=self.registry.alias_target)
+                                 is_known=self.registry.known, alias_target=self.registry.alias_target,
+                                 traced=self.tracing.on)
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics_server: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -88,6 +95,7 @@ class Components:
         self.loop = asyncio.get_running_loop()  # for tools and tests that look inside from outside
         await asyncio.to_thread(self.prepare_database)
         await asyncio.to_thread(self.ledger.load_spool)  # what a shutdown could not write: written soon
+        await asyncio.to_thread(self.spool_watch.look)  # and what is left there (a file it could not read)
         if self.settings.metrics_port is not None:
             self._metrics_server = start_http_server(self.settings.metrics_port, self.settings.metrics_host,
                                                      registry=self.metrics.registry)
@@ -98,6 +106,7 @@ class Components:
             asyncio.create_task(self.mesh.run(self.settings.registry_refresh_interval)),
             asyncio.create_task(self.touches.run(self.settings.flush_interval)),
             asyncio.create_task(self.ledger.run(self.settings.flush_interval)),
+            asyncio.create_task(self.spool_watch.run()),
             # Versions and models are read at start-up (in the background: a slow backend must
             # not hold the gateway's start) and then on a schedule.
             asyncio.create_task(self.sync.run(self.settings.sync_interval)),
@@ -156,6 +165,7 @@ class Components:
         # timeout may have finished during the steps above.
         self.observer.drain()
         await self.ledger.close()
+        await asyncio.to_thread(self.spool_watch.look)  # what it kept there, for a last scrape
 
     async def changed_keys(self) -> None:
         """A key or a project changed: drop cached principals here and on every replica."""

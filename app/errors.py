@@ -31,6 +31,7 @@ class ArbiterError(Exception):
     status = 500
     error_type = "internal_error"
     backend_seconds = 0.0  # of the request's time, spent waiting on backends before this failure
+    served_by: tuple[str, str, str] | None = None  # the replica tried last, for metrics (Replica.tried_at)
 
     def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)

@@ -162,7 +162,7 @@ class Settings(BaseSettings):
     metrics_token: SecretStr | None = Field(None, description="Bearer token that opens /metrics.")
     metrics_port: int | None = Field(None, ge=1, le=65535, description="Serve /metrics on this port instead, unauthenticated.")
     metrics_host: str = Field("127.0.0.1", description="Address of the separate metrics port.")
-    metrics_project_label: bool = Field(True, description="Label token metrics with the project's name.")
+    metrics_project_label: bool = Field(True, description="Label token and duration metrics with the project's name.")
     trace_state: bool = Field(True, description="Put the request's state on spans as body.state.")
     trace_state_max_bytes: int = Field(4096, ge=0, description="Longest body.state span attribute.")
     public_api_docs: bool = Field(

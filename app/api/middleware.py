@@ -6,6 +6,7 @@ import functools
 import os
 import random
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,7 +27,9 @@ DUPLICATE_AUTHORIZATION = InvalidRequest("more than one Authorization header; se
 class RequestMiddleware:
     """Per HTTP request: an id (the caller's X-Request-Id when it is sane, carrying Arbiter's own
     for the audit log on the routes that may audit: app/request_ids.py), echoed on the answer;
-    requests in flight; requests by route and status once answered. One layer with one wrapper
+    requests in flight; requests by route and status once answered; the access line of every
+    request no route wrote one for (a decision's and a chat's are their records', written by the
+    observer: a lean route that made one marks the scope's state ``recorded``). One layer with one wrapper
     of ``send``, and the labelled metric children looked up once, not per request (the hot path
     pays for every layer). Routes are templates (or the lean routes' paths), never raw paths,
     so the label set stays small: the full template a route is served at, from ``templates``
@@ -34,9 +37,10 @@ class RequestMiddleware:
     the prefixes of the routers that include it), else that route's ``path``."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, lean_paths: frozenset[str],
-                 templates: Mapping[int, str]) -> None:
+                 templates: Mapping[int, str], traced: bool = False) -> None:
         self.app = app
         self.metrics = metrics
+        self.traced = traced  # the access lines carry the server span's ids (it is current in here)
         self.lean_paths = lean_paths
         self.templates = templates
         # Requests in flight per route: plain counts, read by the gauge when /metrics is scraped
@@ -55,6 +59,7 @@ class RequestMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        started = time.perf_counter()
         request_id = None
         authorizations = 0
         for name, value in scope["headers"]:  # the one pass over the headers: the id, and a check
@@ -68,7 +73,8 @@ class RequestMiddleware:
             request_id = f"{self._ids.getrandbits(128):032x}"
         elif lean is None:  # a route that may audit: Arbiter's own id rides along (the lean ones never do)
             request_id = CallerRequestId(request_id, f"{self._ids.getrandbits(128):032x}")
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
         logs.request_id.set(request_id)  # for the log lines of this request; no reset: its task ends with it
         header = (b"x-request-id", request_id.encode())
         gauge = lean or "api"
@@ -97,6 +103,10 @@ class RequestMiddleware:
                 if len(self._counters) < 10_000:  # methods are the caller's: keep the cache bounded
                     self._counters[key] = counter
             counter.inc()
+            if lean is None or "recorded" not in state:
+                client = scope.get("client")  # the proxy's client, once ProxyHeadersMiddleware trusted it
+                logs.log_http(request_id, scope["method"], path, route, status, time.perf_counter() - started,
+                              client[0] if client else None, logs.current_trace_ids() if self.traced else None)
 
     def _template(self, route: Any) -> str:
         return self.templates.get(id(route)) or getattr(route, "path", None) or "unmatched"
@@ -135,7 +145,7 @@ def build_stack(app: ASGIApp, metrics: Metrics, lean_paths: frozenset[str], temp
     """Outermost first: the server span (when tracing is on), request id and metrics, the cap."""
     if max_concurrency > 0:
         app = ConcurrencyCap(app, max_concurrency, lean_paths, metrics.shed.inc)
-    stack: ASGIApp = RequestMiddleware(app, metrics, lean_paths, templates)
+    stack: ASGIApp = RequestMiddleware(app, metrics, lean_paths, templates, traced=tracing.on)
     if tracing.on:
         from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 

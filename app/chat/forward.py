@@ -100,7 +100,8 @@ class Answer:
         if self.counted:
             self.replica.in_flight -= 1
         if self.span is not None:
-            annotate(self.span, status=self.status)
+            annotate(self.span, status=self.status,
+                     response_model=self.replica.backend_name if self.status == 200 else None)
             self.span.end()
         await self.stream.close()
 
@@ -211,6 +212,7 @@ class ChatForwarder:
                 self._router.take_out(replica)
                 failed = backend_failure(model, replica, exc, cap)
                 failed.__cause__ = exc
+                failed.served_by = replica.tried_at
                 continue
             waited += time.perf_counter() - started
             answer = Answer(replica, stream, model, cap, self._router, span, waited)
@@ -220,6 +222,7 @@ class ChatForwarder:
                 await answer.close()
                 self._registry.note_credential_rejected(replica)
                 failed = UpstreamAuthFailed(rejected_credential(replica))
+                failed.served_by = replica.tried_at
                 continue
             if stream.status in _FAULT_STATUSES:
                 self._router.take_out(replica)

@@ -62,6 +62,7 @@ class Outcome:
     output_tokens: int | None = None
     retry_after: str | None = None  # a backend error's own Retry-After
     warnings: tuple[str, ...] = ()  # the codes of the answer's warnings (answer_warnings.py)
+    served_by: tuple[str, str, str] | None = None  # the answering replica's labels (Replica.answered_by)
 
 
 class Forwarder:
@@ -167,8 +168,12 @@ class Forwarder:
             except _ReplicaFault as fault:
                 if fault.backoff:
                     self._router.take_out(replica)
+                fault.error.served_by = replica.tried_at
                 last_error = fault.error
                 last_reply = fault.reply or last_reply
+            except ArbiterError as error:  # about this answer (too large, not JSON): no other replica is tried
+                error.served_by = replica.tried_at
+                raise
         if last_reply is not None:  # a backend's own 5xx beats a generic error of ours
             return last_reply
         if last_error is not None:
@@ -199,7 +204,8 @@ class Forwarder:
                 raise
             if span is not None:
                 annotate(span, input_tokens=outcome.input_tokens, output_tokens=outcome.output_tokens,
-                         state=self._tracing.state_text(body), status=outcome.status)
+                         state=self._tracing.state_text(body), status=outcome.status,
+                         response_model=replica.backend_name if outcome.status == 200 else None)
             return outcome
 
     async def _exchange(self, model: str, replica: Replica, forwarded: dict[str, Any],
@@ -237,7 +243,8 @@ class Forwarder:
             raise _ReplicaFault(UpstreamAuthFailed(rejected_credential(replica)), backoff=False)
         if reply.status != 200:
             outcome = Outcome(reply.status, reply.content_type or "application/octet-stream",
-                              reply.body, replica.provider, waited, retry_after=reply.retry_after)
+                              reply.body, replica.provider, waited, retry_after=reply.retry_after,
+                              served_by=replica.answered_by)
             if reply.status in _REPLICA_FAULT_STATUSES:
                 raise _ReplicaFault(BackendFailed(reply.status, "backend failed"), outcome)
             return outcome
@@ -252,7 +259,7 @@ class Forwarder:
             tokens_out = token_count(usage.get("output_tokens"))
         return Outcome(200, "application/json", _with_model(reply.body, answer, replica.backend_name, model),
                        replica.provider, waited, tokens_in, tokens_out,
-                       warnings=answer_warnings.codes_of(answer))
+                       warnings=answer_warnings.codes_of(answer), served_by=replica.answered_by)
 
 
 class _ReplicaFault(Exception):

@@ -9,8 +9,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.db.models import Service
 from app.db.session import Database
 from app.decisions.embedding_backend import EmbeddingBackend
 from app.decisions.label_backend import LabelBackend
@@ -22,6 +24,7 @@ from app.services.backends import PROVIDER_NAMES, calibrates, embedder, label_re
 from app.services.credentials import CredentialBox, CredentialUnavailable
 from app.services.rejections import RejectedCredentials
 from app.settings import Settings
+from app.telemetry.metrics import backend_labels
 from infra_adapters.base import Backend
 
 log = logging.getLogger("arbiter.registry")
@@ -42,6 +45,14 @@ class Replica:
     created: int
     in_flight: int = 0
     legacy: bool = False  # on a mesh node whose version does not know decision models
+    # The duration histogram's server_address, server_port and gen_ai_response_model for a
+    # request this replica answered, and for one it failed (app/telemetry/metrics.py), made once
+    # here instead of per request (the backend, hence its URL, is fixed for a replica's life).
+    answered_by: tuple[str, str, str] = field(init=False)
+    tried_at: tuple[str, str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.answered_by, self.tried_at = backend_labels(self.backend.url, self.backend_name)
 
     @property
     def provider(self) -> str:
@@ -75,6 +86,9 @@ class Registry:
         self._gated: dict[str, dict[str, ArbiterError]] = {}
         # Alias -> its target's public name (app/services/aliases.py), read with the models.
         self._aliases: dict[str, str] = {}
+        # Service name -> whether it answered its last read (its status's ``reachable``), read with
+        # the models: the gauge arbiter_service_up (app/telemetry/service_up.py).
+        self._reachable: dict[str, bool] = {}
         self.max_hops = settings.mesh_max_hops
         self._backends: dict[int, tuple[tuple[str, str, str | None, bool], Backend]] = {}
         self._label_backends: dict[tuple[int, str], LabelBackend | EmbeddingBackend] = {}
@@ -107,6 +121,10 @@ class Registry:
     def aliases(self) -> dict[str, str]:
         """Alias -> target, as last read from the database (shadowed ones included)."""
         return dict(self._aliases)
+
+    def reachable_services(self) -> dict[str, bool]:
+        """Every registered service, by name: whether it answered its last read, as last reloaded."""
+        return self._reachable
 
     def find(self, public_name: str, hops: int = 0, operation: str = "decision") -> ModelEntry:
         """Where a request that has taken ``hops`` mesh hops so far goes: this node's replicas
@@ -148,13 +166,15 @@ class Registry:
 
     async def reload(self) -> None:
         async with self._lock:
-            rows, aliases = await asyncio.to_thread(self._read)
+            rows, aliases, reachable = await asyncio.to_thread(self._read)
             self._apply(rows)
             self._aliases = aliases
+            self._reachable = reachable
 
-    def _read(self) -> tuple[list[tuple[Any, ...]], dict[str, str]]:
+    def _read(self) -> tuple[list[tuple[Any, ...]], dict[str, str], dict[str, bool]]:
         with self._database.session() as session:
-            return self._rows(session), alias_rows.all_targets(session)
+            reachable = {name: bool(up) for name, up in session.execute(select(Service.name, Service.reachable))}
+            return self._rows(session), alias_rows.all_targets(session), reachable
 
     @staticmethod
     def _rows(session: Session) -> list[tuple[Any, ...]]:

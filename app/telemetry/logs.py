@@ -1,5 +1,7 @@
-"""Structured logs: one JSON object a line, with the request id; never a key or a state
-unless payload logging is switched on."""
+"""Structured logs: one JSON object a line, with the request id (and, when tracing is on, the
+trace and span ids); never a key or a state unless payload logging is switched on. One access
+line per request: a decision's or a chat's (``log_request``, from its record), or any other
+HTTP request's (``log_http``, from the middleware)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import atexit
 import contextvars
 import datetime as dt
 import logging
+import re
 import sys
 import threading
 import time
@@ -14,11 +17,18 @@ import weakref
 from typing import Any
 
 import orjson
+from opentelemetry.trace import get_current_span
 
 from app.telemetry.record import RequestRecord
 
 access = logging.getLogger("arbiter.access")
-NO_MODEL = "-"  # an access line's model when the request named none (a 401, a body that is not JSON)
+MISSING = "-"  # an access line's text field that has no value (never None, never null)
+NO_MODEL = MISSING  # an access line's model when the request named none (a body that is not JSON)
+# Scraped and probed every few seconds: their access lines are DEBUG while they succeed.
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+MAX_LOGGED_PATH = 512  # characters of a request's path an access line shows
+# A key typed into a path by mistake (a 404): its secret part never reaches a line.
+_KEY_IN_PATH = re.compile(r"(arb_(?:proj|admin)_)[A-Za-z0-9]+")
 _RESERVED = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime"}
 
 # The id of the HTTP request being served, set once per request by RequestMiddleware (one
@@ -42,6 +52,9 @@ class JsonFormatter(logging.Formatter):
         served = request_id.get()
         if served is not None:
             entry["request_id"] = served
+        traced = current_trace_ids()
+        if traced is not None:
+            entry["trace_id"], entry["span_id"] = traced
         for key, value in record.__dict__.items():
             if key not in _RESERVED and not key.startswith("_"):
                 entry[key] = value
@@ -138,46 +151,92 @@ def configure(level: str) -> None:
         logging.getLogger(name).propagate = True
 
 
+def current_trace_ids() -> tuple[str, str] | None:
+    """The (trace_id, span_id) of the span being served, as W3C's traceparent spells them (32 and
+    16 hex digits), or None outside a span (tracing off: there never is one)."""
+    context = get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return format(context.trace_id, "032x"), format(context.span_id, "016x")
+
+
 def log_request(record: RequestRecord, state: Any = None) -> None:
-    """The one line per decision or chat request. ``state`` is given only with payload logging on."""
+    """The one line per decision or chat request. ``state`` is given only with payload logging on.
+    A text field with no value is ``-``; a count with none (the tokens of a failure) is left out."""
     if not access.isEnabledFor(logging.INFO):
         return
+    model = record.model or NO_MODEL
     fields: dict[str, Any] = {
-        "request_id": record.request_id, "operation": record.operation, "project": record.project,
-        "model": record.model or NO_MODEL, "provider": record.provider, "status": record.status,
+        "request_id": record.request_id, "operation": record.operation, "project": record.project or MISSING,
+        "model": model, "provider": record.provider or MISSING, "status": record.status,
         "latency_ms": round(record.seconds * 1000, 3),
         "backend_ms": round(record.backend_seconds * 1000, 3),
-        "input_tokens": record.input_tokens, "output_tokens": record.output_tokens,
     }
+    if record.input_tokens is not None:
+        fields["input_tokens"] = record.input_tokens
+    if record.output_tokens is not None:
+        fields["output_tokens"] = record.output_tokens
     if record.error_type:
         fields["error_type"] = record.error_type
     if record.metadata:
         fields["metadata"] = record.metadata
     if state is not None:
         fields["state"] = state
-    handler = _sole_handler()
+    if record.trace_ids is not None:  # taken while the request was served (observer.py)
+        fields["trace_id"], fields["span_id"] = record.trace_ids
+    _write(logging.INFO, f"{record.operation} {model} {record.status}", fields, record.at, "log_request")
+
+
+def log_http(request_id: str, method: str, path: str, route: str, status: int, seconds: float,
+             client: str | None, trace_ids: tuple[str, str] | None) -> None:
+    """The one line of an HTTP request that is no decision or chat (those have ``log_request``'s):
+    the admin API, the web UI, /v1/models, a refusal before a body was read (a 401). The path
+    without its query string (never logged: it is the caller's, and may hold anything) and with
+    a key's secret part blanked; health checks and scrapes at DEBUG while they succeed."""
+    level = logging.DEBUG if status < 400 and path in PROBE_PATHS else logging.INFO
+    if not access.isEnabledFor(level):
+        return
+    shown = shown_path(path)
+    fields: dict[str, Any] = {"request_id": request_id, "method": method, "path": shown, "route": route,
+                              "status": status, "latency_ms": round(seconds * 1000, 3),
+                              "client": client or MISSING}
+    if trace_ids is not None:
+        fields["trace_id"], fields["span_id"] = trace_ids
+    _write(level, f"{method} {shown} {status}", fields, None, "log_http")
+
+
+def shown_path(path: str) -> str:
+    """``path`` as an access line shows it: a key's secret part blanked, at most MAX_LOGGED_PATH."""
+    if "arb_" in path:
+        path = _KEY_IN_PATH.sub(r"\1***", path)
+    return path if len(path) <= MAX_LOGGED_PATH else path[:MAX_LOGGED_PATH] + "..."
+
+
+def _write(level: int, message: str, fields: dict[str, Any], at: dt.datetime | None, where: str) -> None:
+    """An access line: ``fields`` as extra fields, written at ``at`` (when its request ended)."""
+    handler = _sole_handler(level)
     if handler is not None:
         # `arbiter serve`'s own set-up (configure): the line JsonFormatter would write, without
         # a LogRecord and the walk through the logging machinery (about half of its cost).
-        at = record.at or dt.datetime.now(dt.UTC)  # when the request ended: its line may be written later
-        entry = {"time": at.isoformat(timespec="milliseconds"), "level": "INFO",
-                 "logger": access.name, "message": f"{record.operation} {record.model or NO_MODEL} {record.status}",
-                 **fields}
+        when = at or dt.datetime.now(dt.UTC)  # when the request ended: its line may be written later
+        entry = {"time": when.isoformat(timespec="milliseconds"), "level": logging.getLevelName(level),
+                 "logger": access.name, "message": message, **fields}
         handler.append(orjson.dumps(entry, default=str).decode() + handler.terminator)
         return
     # Logger.info() would also walk the stack for the caller's file and line (findCaller), which
     # no line shows: the record is made directly and goes through the same handlers and filters.
-    line = access.makeRecord(access.name, logging.INFO, __file__, 0, "%s %s %s",
-                             (record.operation, record.model or NO_MODEL, record.status), None, "log_request", fields)
-    if record.at is not None:
-        line.created = record.at.timestamp()
+    # The message is whole already (no arguments): a path's own "%" is never a format.
+    line = access.makeRecord(access.name, level, __file__, 0, message, (), None, where, fields)
+    if at is not None:
+        line.created = at.timestamp()
         line.msecs = (line.created - int(line.created)) * 1000
     access.handle(line)
 
 
-def _sole_handler() -> BatchingHandler | None:
-    """The handler an access line reaches, when it is the only one, ours, JSON, and nothing on
-    the way filters (any other set-up, tests' included, goes through logging as usual)."""
+def _sole_handler(level: int = logging.INFO) -> BatchingHandler | None:
+    """The handler a line at ``level`` of the access logger reaches, when it is the only one, ours,
+    JSON, and nothing on the way filters (any other set-up, tests' included, goes through logging
+    as usual)."""
     found = None
     logger: logging.Logger | None = access
     while logger is not None:
@@ -185,7 +244,7 @@ def _sole_handler() -> BatchingHandler | None:
             return None
         for handler in logger.handlers:
             if (found is not None or type(handler) is not BatchingHandler or handler.filters
-                    or type(handler.formatter) is not JsonFormatter or handler.level > logging.INFO):
+                    or type(handler.formatter) is not JsonFormatter or handler.level > level):
                 return None
             found = handler
         if not logger.propagate:

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from app.telemetry.logs import log_request
+from app.telemetry.logs import current_trace_ids, log_request
 from app.telemetry.metrics import Metrics
 from app.telemetry.record import RequestRecord
 from app.telemetry.usage import UsageLedger
@@ -34,10 +34,11 @@ class Observer:
 
     def __init__(self, metrics: Metrics, ledger: UsageLedger, *, log_payloads: bool,
                  is_known: Callable[[str], bool] = lambda _name: True,
-                 alias_target: Callable[[str], str | None] = lambda _name: None) -> None:
+                 alias_target: Callable[[str], str | None] = lambda _name: None, traced: bool = False) -> None:
         self.metrics = metrics
         self.ledger = ledger
         self.log_payloads = log_payloads
+        self._traced = traced
         self._is_known = is_known
         self._alias_target = alias_target
         self._pending: list[tuple[RequestRecord, Any]] = []
@@ -50,6 +51,8 @@ class Observer:
         """A request is answered: its record is kept for the bookkeeping, which runs later."""
         if record.at is None:
             record.at = dt.datetime.now(dt.UTC)  # when it ended, not when its bookkeeping ran
+        if self._traced:  # the request's span, for its access line: the bookkeeping runs outside it
+            record.trace_ids = current_trace_ids()
         state = body.get("state") if self.log_payloads and isinstance(body, dict) else None
         self._pending.append((record, state))
         try:

@@ -30,6 +30,13 @@ class RequestRecord:
     metadata: dict[str, str] | None = None
     # Forwarded by another mesh node: that node counts its tokens and usage, not this one.
     forwarded: bool = False
+    # Where it went, as the duration histogram labels it: (server_address, server_port,
+    # gen_ai_response_model) of the replica that answered or was tried last (``Replica.answered_by``,
+    # ``tried_at``); None when no backend was reached.
+    served_by: tuple[str, str, str] | None = None
+    # The request's (trace_id, span_id) when tracing is on, for its access line (written later,
+    # outside the request's context: observer.py).
+    trace_ids: tuple[str, str] | None = None
 
     @property
     def overhead_seconds(self) -> float:

@@ -2,7 +2,9 @@
 
 - a server span per request (the ASGI middleware of opentelemetry-instrumentation-asgi, the
   piece FastAPI's instrumentation is made of, so the lean routes get spans too);
-- a client span ``decision <model>`` per backend call, with ``gen_ai.*`` attributes;
+- a client span ``decision <model>`` per backend call, with ``gen_ai.*`` attributes (the
+  response model among them: the backend's name of the model that answered), ``server.address``
+  and ``server.port``;
 - ``gen_ai.usage.input_tokens`` / ``output_tokens`` and ``body.state`` on both;
 - the client span's ``traceparent`` / ``tracestate`` go to the backend.
 When tracing is off nothing here runs on the hot path, and the caller's own trace headers
@@ -122,10 +124,14 @@ def server_attributes(url: str) -> Mapping[str, str | int]:
 
 
 def annotate(span: Span | None, *, input_tokens: int | None = None, output_tokens: int | None = None,
-             state: str | None = None, error_type: str | None = None, status: int | None = None) -> None:
-    """Usage, state and outcome on a span (the server span or a client span)."""
+             state: str | None = None, error_type: str | None = None, status: int | None = None,
+             response_model: str | None = None) -> None:
+    """Usage, state and outcome on a span (the server span or a client span). ``response_model``
+    is the backend's name of the model that answered (``gen_ai.response.model``: a client span's)."""
     if span is None or not span.is_recording():
         return
+    if response_model is not None:
+        span.set_attribute("gen_ai.response.model", response_model)
     if input_tokens is not None:
         span.set_attribute("gen_ai.usage.input_tokens", input_tokens)
     if output_tokens is not None:

@@ -50,13 +50,14 @@ class UsageLedger:
     hands over ~83 times less often."""
 
     def __init__(self, database: Database, on_dropped: Callable[[int], Any] | None = None,
-                 spool_dir: str | Path | None = None) -> None:
+                 spool_dir: str | Path | None = None, on_write_error: Callable[[], Any] | None = None) -> None:
         self._database = database
         self._spool_dir = Path(spool_dir) if spool_dir is not None else None
         self._pending: list[tuple[Any, ...]] = []
         self._lock = asyncio.Lock()
         self.dropped = 0  # records given up: over MAX_PENDING during an outage, or unwritable
         self._on_dropped = on_dropped  # the metric arbiter_usage_records_dropped_total
+        self._on_write_error = on_write_error  # arbiter_usage_write_errors_total: a batch kept to retry
         self._unlogged = 0  # dropped since the last log line about it
         self._logged_at = -DROP_LOG_EVERY
         dialect = database.engine.dialect
@@ -110,6 +111,7 @@ class UsageLedger:
                     if _database_away(exc):  # keep the records and try again later
                         log.warning("writing %d usage records failed; will retry: %s", len(batch), exc)
                         self._pending[:0] = batch
+                        self._write_failed()
                         return
                     # Something in the batch cannot be stored at all (a DataError, an
                     # IntegrityError, sqlite3's OverflowError for a number past 64 bits): write
@@ -117,7 +119,12 @@ class UsageLedger:
                     unwritten = await asyncio.to_thread(self._write_one_by_one, batch)
                     if unwritten:  # the database went away in the middle: those wait for the next try
                         self._pending[:0] = unwritten
+                        self._write_failed()
                         return
+
+    def _write_failed(self) -> None:
+        if self._on_write_error is not None:
+            self._on_write_error()
 
     async def close(self, retry_for: float = SHUTDOWN_RETRY) -> None:
         """The shutdown's flush: retry a database that is away for ``retry_for`` seconds, then keep

@@ -7,7 +7,6 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,32 +14,13 @@ import pytest
 from app.telemetry import usage
 from app.telemetry.logs import BatchingHandler, JsonFormatter
 from tests.support import Stack, decision
+from tests.telemetry import capture
 from tests.ui.conftest import ui_sign_in
 
 
-@pytest.fixture
-def captured() -> Iterator[io.StringIO]:
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger()
-    previous = root.level
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG)
-    yield stream
-    root.removeHandler(handler)
-    root.setLevel(previous)
-
-
 def access_lines(stream: io.StringIO, count: int = 1) -> list[dict[str, Any]]:
-    """The access lines, once ``count`` are there (each is written just after its answer)."""
-    deadline = time.monotonic() + 10  # generous: a loaded host
-    while True:
-        lines = [json.loads(line) for line in stream.getvalue().splitlines() if line.strip()]
-        found = [line for line in lines if line["logger"] == "arbiter.access"]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.01)
+    """The decisions' and chats' access lines (not the other requests': test_access_log.py)."""
+    return capture.access_lines(stream, count, lambda line: "operation" in line)
 
 
 def test_no_key_bearer_or_state_in_the_logs(stack: Stack, captured: io.StringIO, gateway_factory: Any) -> None:
@@ -80,8 +60,8 @@ def test_one_access_line_per_request(stack: Stack, captured: io.StringIO) -> Non
 
 
 def test_a_request_that_names_no_model_logs_a_dash_for_it(stack: Stack, captured: io.StringIO) -> None:
-    """A body that is not JSON, or JSON without a model: `-`, never `None` (a request refused
-    before its body is read, a 401, writes no access line)."""
+    """A body that is not JSON, or JSON without a model: `-`, never `None`; nor for the project
+    and the provider, and the tokens of a request that has none are left out, not null."""
     with stack.client() as client:
         garbled = client.post("/v1/systemone", content=b"not json", headers={"Content-Type": "application/json"})
         nameless = client.post("/v1/systemone", json={"state": "x", "questions": {}})
@@ -89,6 +69,9 @@ def test_a_request_that_names_no_model_logs_a_dash_for_it(stack: Stack, captured
     assert [line["status"] for line in lines] == [garbled.status_code, nameless.status_code] == [400, 400]
     assert [line["model"] for line in lines] == ["-", "-"]
     assert [line["message"] for line in lines] == ["decision - 400"] * 2
+    assert [(line["project"], line["provider"]) for line in lines] == [("acme", "-")] * 2
+    assert not any("input_tokens" in line or "output_tokens" in line for line in lines)
+    assert not any(value is None or value == "None" for line in lines for value in line.values())
 
 
 def _broken(*_args: Any, **_kwargs: Any) -> Any:
@@ -105,7 +88,8 @@ def test_an_unexpected_errors_line_carries_the_request_id_the_caller_got(
         client = stack.client()
         answer = client.post("/v1/systemone", json=decision())
     else:
-        monkeypatch.setattr(usage, "summary", _broken)  # both usage pages read it
+        monkeypatch.setattr(usage, "summary", _broken)  # the admin API's usage reads it
+        monkeypatch.setattr(usage, "recent", _broken)  # the web UI's usage page, its latest requests
         client = stack.client("admin") if where == "admin API" else ui_sign_in(stack.gateway.url, stack.admin_key)
         answer = client.get("/admin/usage" if where == "admin API" else "/ui/usage")
     client.close()

@@ -73,11 +73,16 @@ def test_server_and_client_spans_carry_usage_and_state(stack: Stack, traced: Any
 
 
 def test_the_client_span_names_the_backends_host_and_port(stack: Stack, traced: Any) -> None:
-    """OTel's server.address is the host name or IP the call went to, not the service's name."""
+    """OTel's server.address is the host name or IP the call went to, not the service's name;
+    gen_ai.response.model the backend's name of the model that answered."""
     gateway, exporter = traced()
     with gateway.client(stack.project_key) as client:
         assert client.post("/v1/systemone", json=decision()).status_code == 200
     (span,) = spans_named(exporter, "decision ")
+    with stack.client("admin") as admin:
+        backend_name = next(m["backend_name"] for m in admin.get("/admin/models").json()["data"]
+                            if m["public_name"] == "nimble")
+    assert span.attributes["gen_ai.response.model"] == backend_name  # type: ignore[index]
     backend = urlsplit(stack.ollama.url)
     assert backend.hostname == "127.0.0.1" and backend.port  # the service is named "ollama"
     assert span.attributes["server.address"] == "127.0.0.1"  # type: ignore[index]
@@ -128,6 +133,7 @@ def test_errors_set_the_span_status_and_error_type(stack: Stack, traced: Any) ->
     (client_span,) = spans_named(exporter, "decision ")
     assert client_span.status.status_code == StatusCode.ERROR
     assert client_span.attributes["error.type"] == "backend_error"  # type: ignore[index]
+    assert "gen_ai.response.model" not in (client_span.attributes or {})  # no usable answer: no response model
     servers = server_spans(exporter, 2)
     assert {s.attributes.get("error.type") for s in servers} >= {"backend_error", "not_found_error"}  # type: ignore[union-attr]
 
@@ -164,6 +170,7 @@ def test_a_chat_call_has_its_client_span_and_the_backend_gets_its_trace_context(
     assert all(s.kind == SpanKind.CLIENT and s.end_time is not None for s in spans)
     assert spans[0].attributes["gen_ai.operation.name"] == "chat"  # type: ignore[index]
     assert spans[0].attributes["server.address"] == "127.0.0.1"  # type: ignore[index]
+    assert {s.attributes["gen_ai.response.model"] for s in spans} == {"llama3.2:latest"}  # type: ignore[index]
     sent = [r for r in stack.ollama_state.requests if r.path in ("/v1/chat/completions", "/api/chat")]
     for request, span in zip(sent[-2:], spans, strict=True):
         trace_id, span_id = request.header("traceparent").split("-")[1:3]

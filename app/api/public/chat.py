@@ -67,7 +67,7 @@ class ChatRoute:
             answer = await self.forwarder.open(replicas, body, api, headers, principal)
         except ArbiterError as error:
             record.status, record.error_type = error.status, error.error_type
-            record.backend_seconds = error.backend_seconds
+            record.backend_seconds, record.served_by = error.backend_seconds, error.served_by
             await send_error(send, error)
             return
         except Exception:
@@ -76,12 +76,14 @@ class ChatRoute:
             await send_error(send, ArbiterError("internal error; the request id is in X-Request-Id"))
             return
         record.provider = answer.replica.provider
+        record.served_by = answer.replica.answered_by
         try:
             if answer.is_json or answer.status != 200:
                 try:
                     payload = await answer.whole()
                 except BackendFailed as error:
                     record.status, record.error_type = error.status, error.error_type
+                    record.served_by = answer.replica.tried_at  # no answer after all
                     await send_error(send, error)
                     return
                 record.status = answer.status

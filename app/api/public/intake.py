@@ -33,7 +33,9 @@ class Intake:
     form_type: str | None = None  # a multipart body's Content-Type (decisions/multipart.py)
 
     def record(self, scope: Scope, operation: str) -> RequestRecord:
-        """The record of this request, for metrics, logs and usage."""
+        """The record of this request, for metrics, logs and usage; its access line is the
+        record's, so the middleware writes none (``recorded``)."""
+        scope["state"]["recorded"] = True
         principal = self.principal
         return RequestRecord(scope["state"]["request_id"], operation, scope["path"],
                              project_id=principal.project_id, project=principal.project_name,

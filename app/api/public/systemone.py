@@ -86,9 +86,10 @@ class SystemOneRoute:
         if error is not None:
             record.status, record.error_type = error.status, error.error_type
             record.backend_seconds = error.backend_seconds  # a backend that failed was waited on too
+            record.served_by = error.served_by
         else:
             record.status, record.provider = outcome.status, outcome.provider
-            record.backend_seconds = outcome.backend_seconds
+            record.backend_seconds, record.served_by = outcome.backend_seconds, outcome.served_by
             record.input_tokens, record.output_tokens = outcome.input_tokens, outcome.output_tokens
             record.warnings = outcome.warnings
             if outcome.status != 200:
