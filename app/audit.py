@@ -8,6 +8,7 @@ On PostgreSQL a trigger refuses UPDATE and DELETE on the table (migration 0010).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import or_, select
@@ -24,6 +25,20 @@ def record(session: Session, *, actor: str, action: str, target: str,
     own, caller = ids_of(request_id)
     session.add(AuditEntry(actor=actor, action=action, target=target, request_id=own,
                            client_request_id=caller, details=details or {}))
+
+
+MAX_FILTER = 200  # longer than any actor (200) or action (100); a target holds at most 400
+
+
+def filter_problem(filters: Mapping[str, str]) -> str | None:
+    """Why an actor, action or target filter cannot be used (the UI shows it beside its form, the
+    admin API answers it as a 400); None when all can."""
+    for name, value in filters.items():
+        if len(value) > MAX_FILTER:
+            return f"The {name} filter is longer than {MAX_FILTER} characters; shorten it."
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            return f"The {name} filter holds a control character; type plain text."
+    return None
 
 
 def entries(session: Session, *, limit: int = 100, before_id: int | None = None, actor: str | None = None,

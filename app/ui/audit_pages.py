@@ -19,7 +19,6 @@ from app.ui.web import UiRoute, components, render
 router = APIRouter(route_class=UiRoute)
 PAGE = 100
 FILTERS = ("actor", "action", "target")
-MAX_FILTER = 200  # longer than any actor (200) or action (100); a target holds at most 400
 
 
 @router.get("/audit")
@@ -28,7 +27,7 @@ async def audit_page(request: Request, before_id: str = "", actor: str = "", act
     admin = await permitted(request, Need.READ)
     before = int(before_id) if before_id.isdigit() and 1 <= int(before_id) <= 2**62 else None  # else page 1
     filters = {"actor": actor.strip(), "action": action.strip(), "target": target.strip()}
-    problem = filter_problem(filters)
+    problem = audit.filter_problem(filters)
     if problem is not None:
         return render(request, "audit.html", admin, status=400, entries=[], filters=filters, older_url=None,
                       newest_url=None, errors={"audit-filters": problem}, link=_linker(filters))
@@ -41,16 +40,6 @@ async def audit_page(request: Request, before_id: str = "", actor: str = "", act
                   older_url=page_url(filters, before_id=older) if older else None,
                   newest_url=page_url(filters) if before is not None else None, errors={},
                   link=_linker(filters))
-
-
-def filter_problem(filters: Mapping[str, str]) -> str | None:
-    """Why a filter cannot be used, for the message beside the form; None when all can."""
-    for name, value in filters.items():
-        if len(value) > MAX_FILTER:
-            return f"The {name} filter is longer than {MAX_FILTER} characters; shorten it."
-        if any(ord(c) < 32 or ord(c) == 127 for c in value):
-            return f"The {name} filter holds a control character; type plain text."
-    return None
 
 
 def page_url(filters: Mapping[str, str], **more: Any) -> str:

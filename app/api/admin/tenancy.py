@@ -41,6 +41,7 @@ from app.api.deps import (
     refuse_unless,
 )
 from app.api.documented import answer
+from app.errors import InvalidRequest
 from app.tenancy import organizations, roles
 from app.tenancy import service as tenancy
 from app.tenancy.roles import Need
@@ -185,6 +186,14 @@ async def rotate_key(key_id: int, body: KeyRotate, actor: AdminDep, c: Component
 
 @router.get("/audit", dependencies=[needs(Need.READ)], **answer(AuditLog))
 async def audit_log(_actor: AdminDep, c: ComponentsDep, limit: int = 100,
-                    before_id: Annotated[int | None, Query(ge=1, le=2**62)] = None) -> dict[str, Any]:
+                    before_id: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+                    actor: str = "", action: str = "", target: str = "") -> dict[str, Any]:
+    """Newest first; ``actor`` and ``target`` keep entries holding that text (any case), ``action``
+    one action or its dotted family (``project`` keeps ``project.create``), as the UI's filters."""
     limit = max(1, min(limit, 1000))
-    return {"data": await c.in_session(lambda s: audit.entries(s, limit=limit, before_id=before_id))}
+    filters = {"actor": actor.strip(), "action": action.strip(), "target": target.strip()}
+    problem = audit.filter_problem(filters)
+    if problem is not None:
+        raise InvalidRequest(problem)
+    chosen = {name: value or None for name, value in filters.items()}
+    return {"data": await c.in_session(lambda s: audit.entries(s, limit=limit, before_id=before_id, **chosen))}

@@ -450,6 +450,21 @@ def test_the_audit_log_pages_newest_first(stack: Stack) -> None:
     assert rest[0]["target"] == "project:p1" and rest[0]["id"] < first[-1]["id"]
 
 
+def test_the_audit_log_filters_as_the_ui_does(stack: Stack) -> None:
+    with stack.client("admin") as admin:
+        for name in ("p1", "p2"):
+            assert admin.post("/admin/projects", json={"name": name}).status_code == 201
+        assert admin.post("/admin/projects/p2/keys", json={"name": "ci"}).status_code == 201
+        assert [e["target"] for e in audit_log(stack, target="P2")][-1] == "project:p2"  # any case
+        assert {e["action"] for e in audit_log(stack, action="project")} == {"project.create"}  # a family
+        assert {e["action"] for e in audit_log(stack, action="project_key")} == {"project_key.create"}
+        assert audit_log(stack, action="project.cre") == []  # a family is whole words
+        assert audit_log(stack, actor="no-such-actor") == []
+        assert len(audit_log(stack, actor="ADMIN", target="p1")) == 1
+        for bad in ({"actor": "x" * 201}, {"target": "a\x01b"}):
+            assert "filter" in assert_error(admin.get("/admin/audit", params=bad), 400)["error"]
+
+
 def test_a_null_allowlist_is_refused(stack: Stack) -> None:
     with stack.client("admin") as admin:
         response = admin.patch("/admin/projects/acme", json={"models": None})
