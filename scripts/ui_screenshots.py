@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import os
 import shutil
 import socket
@@ -50,6 +51,7 @@ def main() -> int:
     try:
         with demo(folder) as (base, admin_key):
             fill(base, admin_key)
+            spread_over_days(folder / "arbiter.db")
             args.out.mkdir(parents=True, exist_ok=True)
             made = photograph(base, admin_key, args.out, args.chromium)
         for path in made:
@@ -159,6 +161,18 @@ def fill(base: str, admin_key: str) -> None:
                     sent += 1
         wait_until(lambda: len(ok(admin.get("/admin/usage/recent", params={"limit": 100}))["data"]) >= sent,
                    "the usage ledger's writes")
+
+
+def spread_over_days(database: Path) -> None:
+    """The decisions ``fill`` sent, moved back over the past week (one in seven stays today),
+    so the usage charts show days rather than one bar: the records are real, their days are not."""
+    import sqlite3
+
+    with sqlite3.connect(database) as db:
+        rows = db.execute("SELECT id, at FROM usage_records ORDER BY id").fetchall()
+        for n, (record_id, at) in enumerate(rows):
+            moved = datetime.datetime.fromisoformat(at) - datetime.timedelta(days=(n * 3) % 7)
+            db.execute("UPDATE usage_records SET at = ? WHERE id = ?", (moved.isoformat(sep=" "), record_id))
 
 
 def photograph(base: str, admin_key: str, out: Path, chromium: Path) -> list[Path]:

@@ -1,13 +1,12 @@
 """Web UI fixtures: a signed-in httpx client, and one headless Chromium for the whole session.
 
 The browser is Debian's Chromium (/usr/bin/chromium) driven by Playwright; nothing is
-downloaded. Screenshots go to a temporary folder (printed at the end of a run); with
-ARBITER_UI_DOCS_SCREENSHOTS=1 a few are also written to docs/ui/ for docs/ui.md.
+downloaded. Screenshots go to a temporary folder (printed at the end of a run); docs/ui/'s are
+made by scripts/screenshots, from a demo-like Arbiter of their own.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,6 @@ import pytest
 from infra_adapters.http import admin_tls
 
 CHROMIUM = Path("/usr/bin/chromium")
-DOCS_SHOTS = Path(__file__).resolve().parents[2] / "docs" / "ui"
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
@@ -58,18 +56,15 @@ def browser() -> Iterator[Any]:
 
 
 class Shots:
-    """Saves full-page screenshots; a few also into docs/ui/ when asked to."""
+    """Saves screenshots of what a test saw, for a person looking into a failure."""
 
     def __init__(self, folder: Path, prefix: str) -> None:
         self.folder = folder
         self.prefix = prefix
 
-    def take(self, page: Any, name: str, *, docs: bool = False) -> Path:
+    def take(self, page: Any, name: str) -> Path:
         path = self.folder / f"{self.prefix}-{name}.png"
         page.screenshot(path=str(path), full_page=False)
-        if docs and os.environ.get("ARBITER_UI_DOCS_SCREENSHOTS") == "1":
-            DOCS_SHOTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(DOCS_SHOTS / f"{name}.png"), full_page=False)
         return path
 
 

@@ -46,7 +46,7 @@ def test_an_operator_walks_through_the_ui(page: Any, context: Any, db: Database,
         # Not signed in: every page sends us to the sign-in form.
         page.goto(f"{base}/ui/models")
         assert page.url == f"{base}/ui/sign-in"
-        shots.take(page, "sign-in", docs=True)
+        shots.take(page, "sign-in")
 
         # A project key is refused, next to the form.
         sign_in(page, base, stack.project_key)
@@ -67,7 +67,7 @@ def test_an_operator_walks_through_the_ui(page: Any, context: Any, db: Database,
         page.wait_for_url(f"{base}/ui/services?done=added")
         row = page.locator("tr", has_text="gpu-box")
         assert "reachable" in row.inner_text() and "0.35.0" in row.inner_text()
-        shots.take(page, "services", docs=True)
+        shots.take(page, "services")
 
         # Install tev1 from the catalog and watch its progress bar reach 100%.
         page.get_by_role("link", name="Models").click()
@@ -101,7 +101,7 @@ def test_an_operator_walks_through_the_ui(page: Any, context: Any, db: Database,
             ["billing", "security", "shipping"]
         total = sum(float(options.nth(i).locator("progress").evaluate("b => b.value")) for i in range(3))
         assert abs(total - 1.0) < 1e-3
-        shots.take(page, "models", docs=True)
+        shots.take(page, "models")
 
         # A project that may use tev1, and a key for it, shown once with a copy button.
         page.get_by_role("link", name="Projects").click()
@@ -147,7 +147,7 @@ def test_an_operator_walks_through_the_ui(page: Any, context: Any, db: Database,
         assert recent.count() == 2  # the 200 and the 403
         assert page.locator("#tokens-chart rect").count() == 1
         assert "tev1" in page.locator("#tokens-chart .legend").inner_text()
-        shots.take(page, "usage", docs=True)
+        shots.take(page, "usage")
 
         page.get_by_role("link", name="Audit log").click()
         audit = page.locator("table.audit").inner_text()
