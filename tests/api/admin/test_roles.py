@@ -228,7 +228,9 @@ def test_a_project_key_reads_its_own_usage(stack: Stack) -> None:
     decisions_for(stack, stack.project_key, 3)
     decisions_for(stack, other, 1)
     with stack.client() as client:
-        answer = wait_for(lambda: (a := body(client.get("/v1/usage"), 200))["data"] and a)
+        # The ledger writes in batches: wait for all three, not the first batch to land.
+        answer = wait_for(lambda: (a := body(client.get("/v1/usage"), 200))["data"]
+                          and sum(r["requests"] for r in a["data"]) >= 3 and a)
         assert answer["project"] == "acme" and {r["project"] for r in answer["data"]} == {"acme"}
         assert sum(r["requests"] for r in answer["data"]) == 3 and answer["data"][0]["model"] == "nimble"
         recent = body(client.get("/v1/usage", params={"days": 1}), 200)
