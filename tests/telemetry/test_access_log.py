@@ -20,8 +20,8 @@ from tests.telemetry.capture import access_lines, json_lines
 from tests.ui.conftest import ui_sign_in
 
 
-def lines_of(stream: io.StringIO, request_id: str, count: int = 1) -> list[dict[str, Any]]:
-    return access_lines(stream, count, lambda line: line.get("request_id") == request_id)
+def lines_of(stream: io.StringIO, request_id: str, count: int = 1, patience: float = 10.0) -> list[dict[str, Any]]:
+    return access_lines(stream, count, lambda line: line.get("request_id") == request_id, patience)
 
 
 def test_every_request_gets_exactly_one_access_line(stack: Stack, captured: io.StringIO) -> None:
@@ -53,9 +53,9 @@ def test_every_request_gets_exactly_one_access_line(stack: Stack, captured: io.S
         assert line["latency_ms"] >= 0 and line["client"] == "127.0.0.1"
     (decided,) = lines_of(captured, answered.headers["x-request-id"])
     assert decided["operation"] == "decision" and decided["input_tokens"] > 0 and "method" not in decided
-    time.sleep(0.2)  # a second line for any of them would be written by now
+    time.sleep(0.5)  # a second line for any of them would be written by now
     for response, *_ in expected:
-        assert len(lines_of(captured, response.headers["x-request-id"], count=2)) == 1
+        assert len(lines_of(captured, response.headers["x-request-id"], count=2, patience=0)) == 1
 
 
 def test_health_checks_and_scrapes_log_at_debug_while_they_succeed(stack: Stack, captured: io.StringIO) -> None:
