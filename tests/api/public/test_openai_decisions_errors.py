@@ -38,8 +38,13 @@ def test_safety_identifier_is_metadata_not_a_credential(stack: Stack, caplog: py
                                                      safety_identifier=stack.project_key[:64])
     caplog.set_level(logging.INFO, logger="arbiter.access")
     create(stack, safety_identifier="end-user-7")
-    deadline = time.monotonic() + 10  # the access line is written just after the answer is sent
-    while not (lines := [r for r in caplog.records if r.name == "arbiter.access"]) and time.monotonic() < deadline:
+    # The access line is written just after the answer is sent; the refused request above has one
+    # too (every request does), which may land after the level is set: wait for the decision's.
+    deadline = time.monotonic() + 10
+
+    def decided() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name == "arbiter.access" and getattr(r, "operation", None)]
+    while not (lines := decided()) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert getattr(lines[-1], "metadata", None) == {"safety_identifier": "end-user-7"}
     assert "safety_identifier" not in sent(stack.ollama_state, "/v1/systemone")[-1]
