@@ -19,12 +19,13 @@ from app.db.session import Database
 from app.decisions.forward import Forwarder
 from app.mesh.node import Mesh
 from app.prepare import key_hasher, prepare_database
+from app.routing.registry import Registry
+from app.routing.router import ReplicaRouter
 from app.services.installs import Installer
-from app.services.registry import Registry
-from app.services.routing import ReplicaRouter
+from app.services.registry_rows import registry_rows
 from app.services.sync import SyncLoop
 from app.settings import Settings
-from app.telemetry.metrics import Metrics
+from app.telemetry.metrics import Metrics, backend_labels
 from app.telemetry.observer import Observer
 from app.telemetry.spool_watch import SpoolWatch
 from app.telemetry.tracing import Tracing, provider_from_environment
@@ -48,7 +49,7 @@ class Components:
         self.database = Database(settings.database_url)
         self.hasher = key_hasher(settings)
         self.keys = KeyCache(self.hasher, self._load_principal, settings.key_cache_ttl)
-        self.registry = Registry(self.database, settings)
+        self.registry = Registry(self.database, settings, read=registry_rows, labels=backend_labels)
         self.metrics = Metrics(project_label=settings.metrics_project_label)
         self.redis = _redis_client(settings)
         self.limiter = RateLimiter(RedisStore(self.redis) if self.redis is not None else LocalStore(),

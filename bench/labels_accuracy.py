@@ -12,7 +12,7 @@ majority-class rate, then one table of them all. For a model read by embeddings 
 on the tuning set only, the softmax temperature that fits its tickets best (least negative
 log-likelihood of the right team: how `embeddings.DEFAULT_TEMPERATURE` was calibrated). A model
 read by labels is measured twice: as vLLM's own reader reads, and with content-free calibration
-(app/decisions/calibration.py, ARBITER_LABEL_CALIBRATION).
+(app/routing/strategies/calibration.py, ARBITER_LABEL_CALIBRATION).
 Prints, asserts nothing.
 """
 
@@ -39,8 +39,8 @@ sys.path.insert(0, str(ROOT))
 
 from app.db import migrate
 from app.db.session import Database
-from app.decisions import embeddings
 from app.main import create_app
+from app.routing.strategies import embeddings
 from app.services import service as services
 from app.settings import Settings
 from app.tenancy import service as tenancy

@@ -1,5 +1,5 @@
 """Embeddings of one model over HTTP, for the ``embeddings`` read strategy
-(``app.decisions.embedding_backend.ModelEmbedder``). Two dialects:
+(``app.routing.strategies.embedding_backend.ModelEmbedder``). Two dialects:
 
 - ``ollama``: ``POST /api/embed`` ``{"model", "input": [texts], "truncate": false}`` answers
   ``{"model", "embeddings": [[float]], "prompt_eval_count"}`` (Ollama's ``api/types.go``

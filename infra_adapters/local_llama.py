@@ -137,7 +137,7 @@ class LocalLlamaBackend:
     def list_models(self) -> list[RemoteModel]:
         path = model_file(self.url)
         # No `completion`: this runtime serves no chat (``route`` is None for every API). Its model
-        # answers decisions by label reading, which gives it `decision` (app/services/registry.py).
+        # answers decisions by label reading, which gives it `decision` (app/routing/registry.py).
         return [RemoteModel(model_name(path), frozenset(), {"file": str(path)})]
 
     # -- the Backend protocol: decisions come through label reading only --------------
@@ -157,7 +157,7 @@ class LocalLlamaBackend:
     async def aclose(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    # -- label reading (app.decisions.label_backend.ModelReader) ----------------------
+    # -- label reading (app.routing.strategies.label_backend.ModelReader) ----------------------
 
     def reader(self) -> LocalReader:
         return LocalReader(self)

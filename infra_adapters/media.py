@@ -5,6 +5,10 @@ from __future__ import annotations
 import base64
 import binascii
 
+# The members of a System One body that carry media (SPEC §1), as a backend receives them;
+# app/decisions/schema.py maps each to the capability it needs.
+MEDIA_FIELDS = ("images", "audio", "videos")
+
 _SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
     (b"\x89PNG", 0, "image/png"),
     (b"\xff\xd8\xff", 0, "image/jpeg"),

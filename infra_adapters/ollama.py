@@ -16,9 +16,8 @@ from infra_adapters.base import (
     Reply,
 )
 from infra_adapters.http import HttpBackendBase
-from infra_adapters.media import as_base64
+from infra_adapters.media import MEDIA_FIELDS, as_base64
 
-_MEDIA = ("images", "audio", "videos")
 _ROUTES = {"openai-chat": "/v1/chat/completions", "ollama-chat": "/api/chat", "embed": "/api/embed"}
 
 
@@ -67,7 +66,7 @@ class OllamaBackend(HttpBackendBase):
     @staticmethod
     def prepare(body: dict[str, Any]) -> dict[str, Any]:
         """Ollama's dialect: media as plain base64 (it decodes the field, it does not fetch URLs)."""
-        for field in _MEDIA:
+        for field in MEDIA_FIELDS:
             items = body.get(field)
             if isinstance(items, list) and any(isinstance(i, str) and i.startswith("data:") for i in items):
                 body[field] = [as_base64(i) if isinstance(i, str) else i for i in items]

@@ -1,6 +1,6 @@
 """First-token logprobs of labels over an OpenAI-compatible `/v1/chat/completions`.
 
-The reader behind label reading (``app.decisions.labels``): one call per question,
+The reader behind label reading (``app.routing.strategies.labels``): one call per question,
 ``max_tokens: 1`` at temperature 0 with ``logprobs`` and ``top_logprobs: 20``, the chat ending at
 the generation prompt, thinking off in each backend's own words (vLLM:
 ``chat_template_kwargs.enable_thinking: false``; Ollama: ``reasoning_effort: "none"``, which its
@@ -53,7 +53,7 @@ DIALECTS = ("vllm", "ollama", "openai")
 
 @dataclass(frozen=True, slots=True)
 class FirstTokenRead:
-    """One read (``app.decisions.labels.LabelRead``)."""
+    """One read (``app.routing.strategies.labels.LabelRead``)."""
 
     logprobs: dict[str, float]
     label_mass: float

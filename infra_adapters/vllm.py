@@ -8,11 +8,10 @@ from typing import Any
 
 from infra_adapters.base import BackendProtocolError, CallOptions, RemoteModel, Reply
 from infra_adapters.http import HttpBackendBase
-from infra_adapters.media import as_data_url
+from infra_adapters.media import MEDIA_FIELDS, as_data_url
 
 # A generation model on vLLM answers both chat and decisions.
 GENERATION_CAPABILITIES = frozenset({"completion", "decision"})
-_MEDIA = ("images", "audio", "videos")
 _FASTAPI_NOT_FOUND = b'{"detail":"Not Found"}'
 # "openai-decisions": vLLM serves OpenAI's Decisions API itself (for its generation models).
 _ROUTES = {"openai-chat": "/v1/chat/completions", "embed": "/v1/embeddings",
@@ -46,7 +45,7 @@ class VllmBackend(HttpBackendBase):
     def prepare(body: dict[str, Any], tenant_salt: str | None) -> dict[str, Any]:
         """vLLM's dialect: no keep_alive, media as data: URLs, a per-tenant cache salt."""
         body.pop("keep_alive", None)
-        for field in _MEDIA:
+        for field in MEDIA_FIELDS:
             items = body.get(field)
             if isinstance(items, list):
                 body[field] = [as_data_url(item) for item in items]

@@ -13,8 +13,8 @@ from opentelemetry.trace import Span
 from app.decisions.forward import backend_failure, rejected_credential, rewrite_model
 from app.decisions.schema import media_kind
 from app.errors import ArbiterError, BackendFailed, InvalidRequest, UpstreamAuthFailed
-from app.services.registry import Registry, Replica
-from app.services.routing import ReplicaRouter
+from app.routing.registry import Registry, Replica
+from app.routing.router import ReplicaRouter
 from app.settings import Settings
 from app.telemetry.tracing import Tracing, annotate
 from app.tenancy.limits import RateLimiter, limits_of

@@ -109,10 +109,11 @@ class Model(Base):
     capabilities: Mapped[list[Any]] = mapped_column(JSON, default=list)
     source: Mapped[str] = mapped_column(String(16), default="sync")  # sync, catalog, custom
     timeout: Mapped[float | None] = mapped_column(Float, nullable=True)
-    # "labels": answer decisions by reading label-token logprobs (app/decisions/labels.py);
-    # "embeddings": by embedding similarity (app/decisions/embeddings.py).
+    # "labels": answer decisions by reading label-token logprobs (app/routing/strategies/labels.py);
+    # "embeddings": by embedding similarity (app/routing/strategies/embeddings.py).
     read_strategy: Mapped[str | None] = mapped_column(String(20), nullable=True)
-    # The softmax temperature of the "embeddings" read strategy (null: app/decisions/embeddings.py's default).
+    # The softmax temperature of the "embeddings" read strategy (null: the default of
+    # app/routing/strategies/embeddings.py).
     embedding_temperature: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from app.decisions import answer_warnings, jsonbody
+from app.decisions import jsonbody
 from app.decisions.schema import MEDIA_FIELDS, DecisionRequest
 from app.decisions.textbound import Probe
 from app.errors import (
@@ -25,8 +25,9 @@ from app.errors import (
     Unsupported,
     UpstreamAuthFailed,
 )
-from app.services.registry import ModelEntry, Registry, Replica
-from app.services.routing import ReplicaRouter
+from app.routing.registry import ModelEntry, Registry, Replica
+from app.routing.router import ReplicaRouter
+from app.routing.strategies import answer_warnings
 from app.settings import Settings
 from app.telemetry.tracing import Tracing, annotate
 from app.tenancy.limits import RateLimiter, limits_of
@@ -61,7 +62,8 @@ class Outcome:
     input_tokens: int | None = None
     output_tokens: int | None = None
     retry_after: str | None = None  # a backend error's own Retry-After
-    warnings: tuple[str, ...] = ()  # the codes of the answer's warnings (answer_warnings.py)
+    # The codes of the answer's warnings (app/routing/strategies/answer_warnings.py).
+    warnings: tuple[str, ...] = ()
     served_by: tuple[str, str, str] | None = None  # the answering replica's labels (Replica.answered_by)
 
 

@@ -61,7 +61,7 @@ from app.mesh.protocol import (
     RemoteModel,
     model_entry,
 )
-from app.services.registry import ModelEntry, Registry, Replica
+from app.routing.registry import ModelEntry, Registry, Replica
 from app.settings import Settings
 from app.tenancy.service import Actor
 from app.version import VERSION
@@ -535,7 +535,7 @@ class Mesh:
         if replica is None or replica.backend is not backend:
             replica = self._replicas[(node, model.name)] = Replica(
                 self._id(node), node, "mesh", backend, model.name, model.capabilities, _UNLIMITED_TEXT,
-                timeout, 0, legacy=legacy)
+                timeout, 0, *self._registry.replica_labels(backend.url, model.name), legacy=legacy)
         else:  # the same object: in-flight counts stay true
             replica.capabilities, replica.legacy, replica.timeout = model.capabilities, legacy, timeout
         return replica

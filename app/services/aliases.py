@@ -1,6 +1,6 @@
 """Model aliases (SPEC §1): a second public name that stands for an installed model, such as
 ``jev-latest`` (the default model of TypeSafe's SDK) for ``nimble``. Stored in the database so
-every replica shares them; resolved in memory by the registry (app/services/registry.py).
+every replica shares them; resolved in memory by the registry (app/routing/registry.py).
 
 The rules: an alias cannot have the name of a model (it would shadow it), cannot point at
 another alias (one step, never a chain), and must point at a model that exists now (here or

@@ -7,8 +7,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from app.routing.registry import ModelEntry, Registry
 from app.services import catalog
-from app.services.registry import ModelEntry, Registry
 from app.tenancy.principal import Principal
 
 

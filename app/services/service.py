@@ -13,11 +13,11 @@ from sqlalchemy.orm import Session
 from app import audit
 from app.db.models import Model, Service
 from app.db.timestamps import iso
-from app.decisions.embeddings import MAX_TEMPERATURE, MIN_TEMPERATURE
 from app.errors import Conflict, InvalidRequest, NotFound
+from app.routing.backends import LABELS_ONLY_TYPES, SERVICE_TYPES
+from app.routing.credentials import CredentialBox
+from app.routing.strategies.embeddings import MAX_TEMPERATURE, MIN_TEMPERATURE
 from app.services import catalog, sync, versions
-from app.services.backends import LABELS_ONLY_TYPES, SERVICE_TYPES
-from app.services.credentials import CredentialBox
 from app.settings import Settings
 from app.tenancy.service import Actor
 from app.text import path_name_problem

@@ -15,9 +15,9 @@ from app import audit
 from app.db import lease
 from app.db.models import Model, Service, utcnow
 from app.db.session import Database
+from app.routing.backends import make_backend
+from app.routing.credentials import CredentialBox, CredentialUnavailable
 from app.services import catalog, versions
-from app.services.backends import make_backend
-from app.services.credentials import CredentialBox, CredentialUnavailable
 from app.settings import Settings
 from app.tenancy.service import Actor
 from infra_adapters.base import (

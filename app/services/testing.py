@@ -107,8 +107,9 @@ async def decided(forwarder: Forwarder, body: dict[str, Any], request: DecisionR
 
 
 def warnings_of(data: dict[str, Any], qid: str) -> list[dict[str, str]]:
-    """A question's warnings (``diagnostics.<question>.warnings``, answer_warnings.py), as the
-    card shows them: each with a string code and message; none when the answer has none."""
+    """A question's warnings (``diagnostics.<question>.warnings``,
+    app/routing/strategies/answer_warnings.py), as the card shows them: each with a string code
+    and message; none when the answer has none."""
     diagnostics = data.get("diagnostics")
     entry = diagnostics.get(qid) if isinstance(diagnostics, dict) else None
     listed = entry.get("warnings") if isinstance(entry, dict) else None

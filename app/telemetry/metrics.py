@@ -59,8 +59,8 @@ class Metrics:
         self.alias_requests = LoopCounter(
             "arbiter_alias_requests", "Decision and chat requests that named a model by an alias.",
             ["gen_ai_operation_name", "alias", "gen_ai_request_model"], registry=self.registry)
-        # Answered decisions whose reading clearly failed (app/decisions/answer_warnings.py): one
-        # per warning, by the codes Arbiter writes only.
+        # Answered decisions whose reading clearly failed (app/routing/strategies/answer_warnings.py):
+        # one per warning, by the codes Arbiter writes only.
         self.decision_warnings = LoopCounter(
             "arbiter_decision_warnings", "Warnings on answered decisions (a reading that clearly failed), by code.",
             ["gen_ai_request_model", "code"], registry=self.registry)

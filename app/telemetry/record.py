@@ -23,7 +23,8 @@ class RequestRecord:
     input_tokens: int | None = None
     output_tokens: int | None = None
     error_type: str | None = None
-    warnings: tuple[str, ...] = ()  # the codes of a decision's warnings (app/decisions/answer_warnings.py)
+    # The codes of a decision's warnings (app/routing/strategies/answer_warnings.py).
+    warnings: tuple[str, ...] = ()
     at: dt.datetime | None = None
     # Caller-supplied labels, logged as they came (an OpenAI decision's safety_identifier);
     # never used to decide who the caller is.

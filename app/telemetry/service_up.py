@@ -2,7 +2,7 @@
 
 The state is the one the admin API and the UI show as a service's ``reachable``: written by every
 read of the service (the scheduled sync, a Refresh, a change of its URL or key), and read back by
-the registry's reload with the models (app/services/registry.py). The gauge is made from it when
+the registry's reload with the models (app/routing/registry.py). The gauge is made from it when
 /metrics is scraped: no call to any backend per scrape, and a service removed is gone from the
 series at the next reload.
 """

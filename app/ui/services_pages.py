@@ -12,9 +12,9 @@ from app.api.admin.schemas import ServiceCreate, ServiceUpdate
 from app.api.admin.services import with_backoffs
 from app.db.models import Service
 from app.errors import InvalidRequest
+from app.routing.backends import SERVICE_TYPES
 from app.services import service as services
 from app.services import sync
-from app.services.backends import SERVICE_TYPES
 from app.tenancy import roles
 from app.tenancy.roles import Need
 from app.ui.roles import check, permitted

@@ -8,8 +8,9 @@ import orjson
 import pytest
 
 from app.decisions.jsonbody import dumps, loads
-from app.decisions.schema import DecisionRequest, validate
+from app.decisions.schema import MEDIA_FIELDS, DecisionRequest, validate
 from app.errors import ValidationFailed
+from infra_adapters.media import MEDIA_FIELDS as ADAPTER_MEDIA_FIELDS
 from tests.support import decision
 
 
@@ -267,6 +268,11 @@ PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAAB"
 def test_no_media() -> None:
     result = validate(decision())
     assert result.media == () and result.remote_media is False
+
+
+def test_the_media_fields_are_the_ones_the_backends_and_read_strategies_know() -> None:
+    """The adapters reshape, and the read strategies refuse, the same media fields the schema checks."""
+    assert tuple(MEDIA_FIELDS) == ADAPTER_MEDIA_FIELDS
 
 
 def test_media_present_and_non_empty() -> None:

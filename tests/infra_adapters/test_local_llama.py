@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from app.decisions import labels
-from app.decisions.label_backend import LabelBackend
 from app.errors import InvalidRequest
+from app.routing.strategies import labels
+from app.routing.strategies.label_backend import LabelBackend
 from app.services.service import check_local_url
 from infra_adapters.base import (
     BackendProtocolError,

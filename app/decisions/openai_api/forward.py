@@ -22,7 +22,7 @@ import orjson
 
 from app.decisions.forward import Forwarder
 from app.decisions.openai_api import translate
-from app.services.registry import Replica
+from app.routing.registry import Replica
 from infra_adapters.base import Backend, CallOptions, Reply
 from infra_adapters.vllm import VllmBackend
 

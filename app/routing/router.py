@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from app.errors import BackendFailed
-from app.services.registry import Replica
+from app.routing.registry import Replica
 
 ATTEMPTS = 2  # a request is retried once, on another replica, when no byte of the answer was sent
 

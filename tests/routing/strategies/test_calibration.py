@@ -1,4 +1,4 @@
-"""Content-free calibration of label reading (app/decisions/calibration.py): a model's bias
+"""Content-free calibration of label reading (app/routing/strategies/calibration.py): a model's bias
 towards a label, read on states that say nothing, divided out of its answers."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from app.decisions import calibration, labels
 from app.errors import InvalidRequest
-from app.services.backends import calibrates
+from app.routing.backends import calibrates
+from app.routing.strategies import calibration, labels
 
 TEAMS = {"billing": "payments", "shipping": "parcels", "technical": "bugs"}
 QUESTION = {"type": "choice", "instructions": "Which team?", "criteria": TEAMS}

@@ -16,8 +16,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from app.decisions import calibration, labels
-from app.decisions.read_strategy import StrategyBackend
+from app.routing.strategies import calibration, labels
+from app.routing.strategies.base import StrategyBackend
 from infra_adapters.base import Backend, CallOptions
 from infra_adapters.vllm import salted
 

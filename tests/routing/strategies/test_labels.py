@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from app.decisions import jsonbody, labels
-from app.decisions.label_backend import spelled_label_ids
+from app.decisions import jsonbody
 from app.errors import InvalidRequest
+from app.routing.strategies import labels
+from app.routing.strategies.label_backend import spelled_label_ids
 from infra_adapters.base import CallOptions
 from infra_adapters.emulators.answers import distribution
 from infra_adapters.emulators.generation import prompt_tokens

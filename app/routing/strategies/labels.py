@@ -40,8 +40,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from app.decisions import answer_warnings, calibration
 from app.errors import InvalidRequest
+from app.routing.strategies import answer_warnings, calibration
 
 CHOICE_LABELS = tuple(string.ascii_uppercase)
 NOUL_LABELS = ("yes", "no")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.decisions import embeddings
+from app.routing.strategies import embeddings
 from infra_adapters.emulators.answers import count_tokens
 from infra_adapters.emulators.generation import embedding_vector
 from infra_adapters.emulators.ollama_state import OllamaState
@@ -141,6 +141,21 @@ def test_questions_it_cannot_answer_are_400s(ollama_embedder: Stack) -> None:
     wrong = stack.client("admin").patch(f"/admin/models/{llama['id']}", json={"read_strategy": "embeddings"})
     assert_error(wrong, 400)
     assert "embedding model" in wrong.json()["error"]
+
+
+@pytest.mark.parametrize(("field", "item"), [("images", "iVBORw0KGgo="), ("audio", "UklGRg=="),
+                                            ("videos", "data:video/mp4;base64,AAAA")])
+def test_media_are_400s_even_where_the_model_lists_the_capability(stack: Stack, field: str, item: str) -> None:
+    """Similarity reads text only: a model whose service says it takes media still refuses them
+    (the strategy's own check, behind the forwarder's capability check), whatever the media field."""
+    stack.ollama_state.models[NOMIC] = ["embedding", "vision", "audio", "video"]
+    assert stack.client("admin").post("/admin/services/ollama/refresh").status_code == 200
+    _embeddings_on(stack, NOMIC)
+    before = len(stack.ollama_state.requests)
+    response = stack.client().post("/v1/systemone", json={**_ticket(NOMIC), field: [item]})
+    assert_error(response, 400, "invalid_request_error")
+    assert f"reads text only; it cannot take {field}" in response.json()["error"]
+    assert _embed_calls(stack.ollama_state, "/api/embed", before) == []
 
 
 def test_an_openai_compatible_embedding_model_answers_by_similarity(vllm_stack: Stack) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.decisions.embedding_backend import ModelEmbedder
-from app.decisions.label_backend import ModelReader
 from app.errors import InvalidRequest
+from app.routing.strategies.embedding_backend import ModelEmbedder
+from app.routing.strategies.label_backend import ModelReader
 from app.settings import Settings
 from infra_adapters.base import Backend, CallOptions
 from infra_adapters.embedders import HttpEmbedder

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from app.decisions import embeddings
-from app.decisions.read_strategy import StrategyBackend
+from app.routing.strategies import embeddings
+from app.routing.strategies.base import StrategyBackend
 from infra_adapters.base import Backend, CallOptions
 
 

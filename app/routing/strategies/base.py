@@ -10,7 +10,6 @@ from typing import Any
 
 import orjson
 
-from app.decisions.schema import MEDIA_FIELDS
 from app.errors import ArbiterError, BackendFailed, InvalidRequest
 from infra_adapters.base import (
     Backend,
@@ -22,6 +21,7 @@ from infra_adapters.base import (
     ReplyNotOk,
     Stream,
 )
+from infra_adapters.media import MEDIA_FIELDS
 
 log = logging.getLogger("arbiter.read_strategy")
 

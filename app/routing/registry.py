@@ -1,33 +1,33 @@
 """The model registry: public name -> the replicas that serve it. Built in one place,
 held in memory (no database on the hot path), reloaded from the database on a
-schedule and at once after an admin change in this process."""
+schedule and at once after an admin change in this process.
+
+It imports no admin code: what it reads (``rows.ReadRows``) and how a replica's metric labels are
+made (``ReplicaLabels``) are handed to it by ``app/components.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from app.db.models import Service
 from app.db.session import Database
-from app.decisions.embedding_backend import EmbeddingBackend
-from app.decisions.label_backend import LabelBackend
 from app.errors import ArbiterError, InvalidRequest, NotFound, Unsupported
-from app.services import aliases as alias_rows
-from app.services import service as services
-from app.services import sync
-from app.services.backends import PROVIDER_NAMES, calibrates, embedder, label_reader, make_backend
-from app.services.credentials import CredentialBox, CredentialUnavailable
-from app.services.rejections import RejectedCredentials
+from app.routing.backends import PROVIDER_NAMES, calibrates, embedder, label_reader, make_backend
+from app.routing.credentials import CredentialBox, CredentialUnavailable
+from app.routing.rejections import RejectedCredentials
+from app.routing.rows import ModelRow, ReadRows, RegistryRows
+from app.routing.strategies.embedding_backend import EmbeddingBackend
+from app.routing.strategies.label_backend import LabelBackend
 from app.settings import Settings
-from app.telemetry.metrics import backend_labels
 from infra_adapters.base import Backend
 
 log = logging.getLogger("arbiter.registry")
+Labels = tuple[str, str, str]
+# A replica's (answered_by, tried_at) from its backend's URL and its model's name on the backend
+# (app/telemetry/metrics.py's backend_labels).
+ReplicaLabels = Callable[[str, str], tuple[Labels, Labels]]
 
 
 @dataclass(eq=False, slots=True)
@@ -43,16 +43,14 @@ class Replica:
     text_limit: int
     timeout: float
     created: int
-    in_flight: int = 0
-    legacy: bool = False  # on a mesh node whose version does not know decision models
     # The duration histogram's server_address, server_port and gen_ai_response_model for a
     # request this replica answered, and for one it failed (app/telemetry/metrics.py), made once
-    # here instead of per request (the backend, hence its URL, is fixed for a replica's life).
-    answered_by: tuple[str, str, str] = field(init=False)
-    tried_at: tuple[str, str, str] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.answered_by, self.tried_at = backend_labels(self.backend.url, self.backend_name)
+    # by whoever builds the replica (``Registry.replica_labels``) instead of per request (the
+    # backend, hence its URL, is fixed for a replica's life).
+    answered_by: Labels
+    tried_at: Labels
+    in_flight: int = 0
+    legacy: bool = False  # on a mesh node whose version does not know decision models
 
     @property
     def provider(self) -> str:
@@ -73,9 +71,12 @@ class ModelEntry:
 
 
 class Registry:
-    def __init__(self, database: Database, settings: Settings) -> None:
+    def __init__(self, database: Database, settings: Settings, read: ReadRows,
+                 labels: ReplicaLabels) -> None:
         self._database = database
         self._settings = settings
+        self._read_rows = read
+        self.replica_labels = labels  # the mesh's replicas get theirs here too
         self._models: dict[str, ModelEntry] = {}
         # Models other mesh nodes have (set by the mesh), and models only on nodes this node cannot
         # use, with the error a request for them gets, per operation ("decision" or "chat").
@@ -145,7 +146,7 @@ class Registry:
 
     def note_credential_rejected(self, replica: Replica) -> None:
         """A backend refused Arbiter's own credential on a forwarded request: its service's status
-        says so (written off the request path; see app/services/rejections.py)."""
+        says so (written off the request path; see app/routing/rejections.py)."""
         self._rejections.note(replica.service_id, replica.backend.url)
 
     def set_remote(self, entries: dict[str, ModelEntry], blocked: dict[str, dict[str, ArbiterError]]) -> None:
@@ -166,27 +167,16 @@ class Registry:
 
     async def reload(self) -> None:
         async with self._lock:
-            rows, aliases, reachable = await asyncio.to_thread(self._read)
-            self._apply(rows)
-            self._aliases = aliases
-            self._reachable = reachable
+            rows = await asyncio.to_thread(self._read)
+            self._apply(rows.models)
+            self._aliases = rows.aliases
+            self._reachable = rows.reachable
 
-    def _read(self) -> tuple[list[tuple[Any, ...]], dict[str, str], dict[str, bool]]:
+    def _read(self) -> RegistryRows:
         with self._database.session() as session:
-            reachable = {name: bool(up) for name, up in session.execute(select(Service.name, Service.reachable))}
-            return self._rows(session), alias_rows.all_targets(session), reachable
+            return self._read_rows(session)
 
-    @staticmethod
-    def _rows(session: Session) -> list[tuple[Any, ...]]:
-        return [
-            (s.id, s.name, s.type, s.url, s.credential, s.text_limit, s.timeout,
-             m.public_name, m.backend_name, list(m.capabilities), m.timeout,
-             int(m.created_at.timestamp()) if m.created_at else 0, services.read_strategy_of(m, s),
-             sync.gate_of(m, s), sync.salts_prefix_cache(s), m.embedding_temperature)
-            for m, s in services.all_models(session)
-        ]
-
-    def _apply(self, rows: list[tuple[Any, ...]]) -> None:
+    def _apply(self, rows: list[ModelRow]) -> None:
         models: dict[str, ModelEntry] = {}
         gated: dict[str, dict[str, ArbiterError]] = {}
         old_replicas = {(r.service_id, r.backend_name): r for e in self._models.values() for r in e.replicas}
@@ -222,7 +212,8 @@ class Registry:
                 replica.timeout, replica.created = timeout, created
             else:
                 replica = Replica(service_id, service_name, service_type, backend, backend_name,
-                                  frozenset(caps), text_limit, timeout, created)
+                                  frozenset(caps), text_limit, timeout, created,
+                                  *self.replica_labels(backend.url, backend_name))
             models.setdefault(public, ModelEntry(public)).replicas.append(replica)
         self._models = models
         self._gated = {name: errors for name, errors in gated.items() if name not in models}

@@ -32,8 +32,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from app.decisions import labels
 from app.errors import InvalidRequest
+from app.routing.strategies import labels
 from infra_adapters.embedders import Embedded, Role
 
 # Calibrated on bench/data/tickets.jsonl with multilingual-e5-small (docs/labels.md): the

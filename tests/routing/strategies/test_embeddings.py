@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from app.decisions import embeddings
 from app.errors import InvalidRequest
+from app.routing.strategies import embeddings
 from infra_adapters.embedders import Embedded, Role, prefixes_for, share_tokens
 from infra_adapters.emulators.generation import embedding_vector
 
