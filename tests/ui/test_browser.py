@@ -14,8 +14,8 @@ import pytest
 from app.db.session import Database
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.decisions.test_answer_warnings import QWEN
-from tests.decisions.test_answer_warnings import _stack as labels_stack
+from tests.routing.strategies.test_answer_warnings import QWEN
+from tests.routing.strategies.test_answer_warnings import _stack as labels_stack
 from tests.support import Gateway, Stack, decision
 from tests.ui.conftest import Shots
 
