@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.decisions import jsonbody
+from app import jsonbody
 from app.decisions.forward import token_count
 
 TAIL_BYTES = 8192  # the end of a stream searched for the usage

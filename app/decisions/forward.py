@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from app.decisions import jsonbody
+from app import jsonbody
 from app.decisions.schema import MEDIA_FIELDS, DecisionRequest
 from app.decisions.textbound import Probe
 from app.errors import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from app.decisions.jsonbody import is_number
+from app.jsonbody import is_number
 
 _UNITS = {"ns": 1, "us": 10**3, "µs": 10**3, "μs": 10**3, "ms": 10**6, "s": 10**9,
           "m": 60 * 10**9, "h": 3600 * 10**9}

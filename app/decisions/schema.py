@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.decisions import keep_alive
-from app.decisions.jsonbody import is_number
 from app.errors import ValidationFailed, problem
+from app.jsonbody import is_number
 
 MAX_QUESTIONS = 64
 MAX_CHOICE_OPTIONS = 255

@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 from sqlalchemy.orm import Session
 
-from app.decisions import jsonbody, schema
+from app import jsonbody
+from app.decisions import schema
 from app.decisions.forward import Forwarder, Outcome
 from app.decisions.schema import DecisionRequest
 from app.errors import InvalidRequest, ValidationFailed

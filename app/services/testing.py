@@ -10,8 +10,8 @@ from typing import Any
 
 import orjson
 
+from app import jsonbody
 from app.chat.forward import ChatForwarder
-from app.decisions import jsonbody
 from app.decisions.forward import Forwarder, Outcome
 from app.decisions.schema import DecisionRequest
 from app.errors import ArbiterError

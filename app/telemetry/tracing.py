@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import inject
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
 
-from app.decisions import jsonbody
+from app import jsonbody
 
 
 def enabled_by_environment(env: Mapping[str, str] = os.environ) -> bool:

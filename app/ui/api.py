@@ -8,8 +8,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from app import jsonbody
 from app.api.admin import models as admin_models
-from app.decisions import jsonbody
 from app.decisions.body import check_length
 from app.decisions.offloop import OFF_LOOP_BYTES
 from app.decisions.schema import DecisionRequest

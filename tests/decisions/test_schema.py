@@ -7,9 +7,9 @@ from typing import Any
 import orjson
 import pytest
 
-from app.decisions.jsonbody import dumps, loads
 from app.decisions.schema import MEDIA_FIELDS, DecisionRequest, validate
 from app.errors import ValidationFailed
+from app.jsonbody import dumps, loads
 from infra_adapters.media import MEDIA_FIELDS as ADAPTER_MEDIA_FIELDS
 from tests.support import decision
 

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.decisions import jsonbody, schema, textbound
+from app import jsonbody
+from app.decisions import schema, textbound
 from app.decisions.schema import MEDIA_FIELDS
 from app.errors import ValidationFailed
 

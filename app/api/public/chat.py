@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import time
 
+from app import jsonbody
 from app.api.asgi import Receive, Scope, Send, send_bytes, send_error, unless_client_leaves
 from app.api.public.intake import take
 from app.chat import tokens
 from app.chat.forward import ChatForwarder
-from app.decisions import jsonbody
 from app.errors import ArbiterError, BackendFailed
 from app.mesh.auth import MeshAuth
 from app.settings import Settings

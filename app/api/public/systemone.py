@@ -12,10 +12,11 @@ import sys
 import time
 from typing import Any, ClassVar
 
+from app import jsonbody
 from app.api import asgi
 from app.api.asgi import Receive, Scope, Send, send_bytes
 from app.api.public.intake import take
-from app.decisions import assets, jsonbody, multipart, schema, textbound
+from app.decisions import assets, multipart, schema, textbound
 from app.decisions.forward import Forwarder, Outcome
 from app.decisions.offloop import OFF_LOOP_BYTES, OffLoop
 from app.decisions.schema import DecisionRequest

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from app.decisions import jsonbody
+from app import jsonbody
 from app.decisions.offloop import OFF_LOOP_BYTES
 from app.errors import TooLarge
 from tests.support import Stack, assert_error, decision, wait_for

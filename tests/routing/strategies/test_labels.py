@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from app.decisions import jsonbody
+from app import jsonbody
 from app.errors import InvalidRequest
 from app.routing.strategies import labels
 from app.routing.strategies.label_backend import spelled_label_ids

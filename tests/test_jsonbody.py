@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.decisions import jsonbody
-from app.decisions.jsonbody import dumps, is_number, loads, number_value
+from app import jsonbody
 from app.errors import InvalidRequest, ValidationFailed
+from app.jsonbody import dumps, is_number, loads, number_value
 
 
 def refused(body: bytes) -> ValidationFailed:
