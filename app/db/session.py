@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.db import migrate
 from app.settings import sqlalchemy_url
 
 T = TypeVar("T")
+log = logging.getLogger("arbiter.db")
 
 
 class Database:
@@ -36,6 +40,24 @@ class Database:
             with self.session() as session:
                 return work(session)
         return await asyncio.to_thread(run)
+
+    def unready_reason(self) -> str | None:
+        """Why the database cannot serve this code (``/readyz``'s 503), or None when it answers and
+        is not behind the code's migrations. Blocking: run it in a worker thread.
+
+        The reason goes to unauthenticated callers, so it names the kind of failure, never hosts,
+        users or SQL; those go to the log."""
+        try:
+            with self.engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+            migrate.check_current(self.engine)
+        except migrate.NotMigrated as exc:
+            log.warning("not ready: %s", exc)
+            return "the database is behind the code's migrations; run arbiter migrate"
+        except (SQLAlchemyError, OSError) as exc:
+            log.warning("not ready: %s", exc)
+            return f"the database is unavailable ({type(exc).__name__})"
+        return None
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -159,6 +159,14 @@ def get_service(session: Session, name: str) -> Service:
     return service
 
 
+def get_service_by_id(session: Session, service_id: int) -> Service:
+    """Service ``service_id`` (an id from a UI page's URL); NotFound when it is gone."""
+    service = session.get(Service, service_id) if 0 < service_id <= MAX_ROW_ID else None
+    if service is None:
+        raise NotFound(f"service {service_id} does not exist")
+    return service
+
+
 def remove_service(session: Session, name: str, actor: Actor) -> None:
     service = get_service(session, name)
     session.execute(delete(Model).where(Model.service_id == service.id))
@@ -222,6 +230,14 @@ def get_model(session: Session, model_id: int) -> tuple[Model, Service]:
     if model is None:
         raise NotFound(f"model {model_id} does not exist")
     return model, session.get_one(Service, model.service_id)
+
+
+def card_target(session: Session, model_id: int) -> tuple[str, int, list[str]]:
+    """What a card's Test and playground ask (app/api/admin/testing.py, playground.py): the
+    model's public name, its service's id (the run is pinned to it) and its capabilities, read
+    strategies included. NotFound when the model is gone."""
+    model, service = get_model(session, model_id)
+    return model.public_name, service.id, list(model_view(model, service)["capabilities"])
 
 
 def update_model(session: Session, model_id: int, actor: Actor, changes: dict[str, Any],

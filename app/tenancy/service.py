@@ -126,6 +126,14 @@ def get_project(session: Session, name: str) -> Project:
     return project
 
 
+def get_project_by_id(session: Session, project_id: int) -> Project:
+    """Project ``project_id`` (an id from a UI page's URL); NotFound when it is gone."""
+    project = session.get(Project, project_id) if 0 < project_id < 2**31 else None
+    if project is None:
+        raise NotFound(f"project {project_id} does not exist")
+    return project
+
+
 def list_projects(session: Session) -> list[Project]:
     return list(session.scalars(select(Project).order_by(Project.name)))
 

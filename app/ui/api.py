@@ -10,11 +10,12 @@ from fastapi import APIRouter, Request
 
 from app import jsonbody
 from app.api.admin import models as admin_models
+from app.api.admin import playground
 from app.decisions.body import check_length
 from app.decisions.offloop import OFF_LOOP_BYTES
 from app.decisions.schema import DecisionRequest
 from app.errors import InvalidRequest, TooLarge
-from app.services import playground
+from app.services import service as services
 from app.services.catalog import model_kind
 from app.tenancy.roles import Need
 from app.ui.roles import permitted
@@ -40,12 +41,12 @@ async def test_model(request: Request, model_id: int) -> dict[str, Any]:
 @router.post("/api/models/{model_id}/playground")
 async def run_playground(request: Request, model_id: int) -> dict[str, Any]:
     """The model card's playground: ``{"state": text, "questions": text}`` asked as a decision
-    (app/services/playground.py), under the API's body cap; the operate role, as Test."""
+    (app/api/admin/playground.py), under the API's body cap; the operate role, as Test."""
     admin = await permitted(request, Need.OPERATE)
     check_csrf_header(request, admin)
     c = components(request)
     raw = await _body(request, c.settings.max_body_bytes)
-    public_name, service_id, capabilities = await c.in_session(lambda s: playground.card(s, model_id))
+    public_name, service_id, capabilities = await c.in_session(lambda s: services.card_target(s, model_id))
     if model_kind(capabilities) != "decision":
         raise InvalidRequest(f"{public_name} does not answer decisions; the playground is for decision models")
     if len(raw) <= OFF_LOOP_BYTES:

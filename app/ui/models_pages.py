@@ -8,9 +8,10 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
+from app.api.admin import playground
 from app.api.admin.schemas import AliasCreate, ModelInstallRequest, ModelUpdate
 from app.errors import InvalidRequest
-from app.services import aliases, catalog, playground
+from app.services import aliases, catalog
 from app.services import service as services
 from app.tenancy.roles import Need
 from app.ui.roles import permitted

@@ -10,7 +10,6 @@ from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
 from app.api.admin.schemas import KeyCreate, KeyRotate, ProjectCreate, ProjectUpdate
-from app.db.models import Project
 from app.errors import InvalidRequest
 from app.services import service as services
 from app.tenancy import roles
@@ -24,7 +23,6 @@ from app.ui.web import (
     Admin,
     Form,
     UiRoute,
-    by_id,
     components,
     message,
     posted,
@@ -43,8 +41,8 @@ NOTICES = {"created": "Project created.", "models": "Allowlist saved.", "limits"
            "shown": "The new key was shown once already; it is not shown again."}
 
 
-def _project(s: Session, project_id: int) -> Project:
-    return by_id(tenancy.list_projects(s), project_id, f"project {project_id} does not exist")
+def _project_name(s: Session, project_id: int) -> str:
+    return tenancy.get_project_by_id(s, project_id).name
 
 
 def _model_names(s: Session) -> list[str]:
@@ -118,7 +116,7 @@ async def _detail(request: Request, admin: Admin, project_id: int, *, status: in
                   errors: dict[str, str] | None = None, new_key: dict[str, Any] | None = None,
                   done: str = "", values: dict[str, str] | None = None, current: Any = None) -> Response:
     def work(s: Session) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
-        project = _project(s, project_id)
+        project = tenancy.get_project_by_id(s, project_id)
         keys = [_with_state(tenancy.key_view(k, project.name)) for k in tenancy.list_keys(s, project=project.name)]
         return tenancy.project_view(project), keys, _model_names(s)
     project, keys, names = await components(request).in_session(work)
@@ -169,7 +167,7 @@ async def _update(request: Request, project_id: int, form_id: str, fields: Any, 
     c = components(request)
     try:
         arguments = fields(form)
-        await c.in_session(lambda s: tenancy.update_project(s, _project(s, project_id).name, admin.actor,
+        await c.in_session(lambda s: tenancy.update_project(s, _project_name(s, project_id), admin.actor,
                                                             **arguments))
     except FORM_ERRORS as exc:  # the form comes back as it was submitted
         return await _detail(request, admin, project_id, status=400, errors={form_id: message(exc)},
@@ -219,7 +217,7 @@ async def create_key(request: Request, project_id: int) -> Response:
         body = validated(KeyCreate, {"name": form.get("name"), "expires_at": form.get("expires_at") or None})
 
         def work(s: Session) -> dict[str, Any]:
-            project = _project(s, project_id)
+            project = tenancy.get_project_by_id(s, project_id)
             key, value = tenancy.create_key(s, c.hasher, admin.actor, kind="project", project=project.name,
                                             name=body.name, expires_at=body.expires_at)
             return {**tenancy.key_view(key, project.name), "key": value}

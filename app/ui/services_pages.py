@@ -10,7 +10,6 @@ from sqlalchemy.orm import Session
 
 from app.api.admin.schemas import ServiceCreate, ServiceUpdate
 from app.api.admin.services import with_backoffs
-from app.db.models import Service
 from app.errors import InvalidRequest
 from app.routing.backends import SERVICE_TYPES
 from app.services import service as services
@@ -23,7 +22,6 @@ from app.ui.web import (
     Admin,
     Form,
     UiRoute,
-    by_id,
     components,
     decimal,
     drop_blank,
@@ -44,8 +42,8 @@ NOTICES = {"added": "Service added; its version and models were read.", "removed
            "changed": "Service changed.", "refreshed": "Version and models read again."}
 
 
-def _service(s: Session, service_id: int) -> Service:
-    return by_id(services.list_services(s), service_id, f"service {service_id} does not exist")
+def _service_name(s: Session, service_id: int) -> str:
+    return services.get_service_by_id(s, service_id).name
 
 
 async def _list(request: Request, admin: Admin, *, status: int = 200, error: str | None = None,
@@ -107,7 +105,7 @@ async def _detail(request: Request, admin: Admin, service_id: int, *, status: in
     c = components(request)
 
     def work(s: Session) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        service = _service(s, service_id)
+        service = services.get_service_by_id(s, service_id)
         return (services.service_view(service),
                 [services.model_view(m, service) for m in services.service_models(s, service)])
     view, models = await c.in_session(work)
@@ -134,7 +132,7 @@ async def change(request: Request, service_id: int) -> Response:
             changes["version_override"] = None
         if not changes:
             raise InvalidRequest("Nothing to change: fill in a field (blank fields stay as they are)")
-        await c.in_session(lambda s: services.update_service(s, c.settings, _service(s, service_id).name,
+        await c.in_session(lambda s: services.update_service(s, c.settings, _service_name(s, service_id),
                                                              admin.actor, changes))
     except FORM_ERRORS as exc:
         typed = {k: v for k, v in form.values().items() if k != "api_key"}  # a secret is never sent back
@@ -150,7 +148,7 @@ async def refresh(request: Request, service_id: int) -> Response:
     c = components(request)
 
     def work(s: Session) -> str | None:
-        service = _service(s, service_id)
+        service = services.get_service_by_id(s, service_id)
         sync.sync_service(s, c.settings, service, actor=admin.actor)
         return None if service.reachable else (service.last_error or "the service did not answer")
     try:
@@ -170,7 +168,7 @@ async def remove(request: Request, service_id: int) -> Response:
     await posted(request, admin)
     c = components(request)
     try:
-        await c.in_session(lambda s: services.remove_service(s, _service(s, service_id).name, admin.actor))
+        await c.in_session(lambda s: services.remove_service(s, _service_name(s, service_id), admin.actor))
     except FORM_ERRORS as exc:
         return await _detail(request, admin, service_id, status=400, errors={"remove": message(exc)})
     await c.changed_models()

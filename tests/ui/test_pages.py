@@ -521,7 +521,9 @@ def test_odd_query_values_fall_back_and_error_pages_keep_the_navigation(ui: http
     assert usage.status_code == 200 and "last 14 days" in usage.text
     audit = ui.get("/ui/audit?before_id=abc")
     assert audit.status_code == 200 and "service.create" in audit.text
-    for path in ("/ui/does-not-exist", "/ui/services/99999"):
+    # Ids past the 32-bit columns too: no such row, not a database error (PostgreSQL's int range).
+    for path in ("/ui/does-not-exist", "/ui/services/99999", f"/ui/services/{2**31}", "/ui/projects/99999",
+                 f"/ui/projects/{2**31}"):
         failed = ui.get(path)
         assert failed.status_code == 404 and 'aria-label="Main"' in failed.text, path  # signed in: the nav
     with httpx.Client(base_url=stack.gateway.url) as stranger:

@@ -14,8 +14,8 @@ import httpx
 import orjson
 import pytest
 
+from app.api.admin import playground
 from app.db.session import Database
-from app.services import playground
 from tests.support import Gateway, Stack, body, synced
 from tests.ui.conftest import csrf_of, ui_sign_in
 from tests.ui.test_roles import admin_key

@@ -6,8 +6,8 @@ from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from sqlalchemy.orm import Session
 
+from app.api.admin import testing
 from app.api.admin.answers import (
     MESH_WARNING,
     Catalog,
@@ -19,7 +19,7 @@ from app.api.admin.answers import (
 from app.api.admin.schemas import ModelInstallRequest, ModelUpdate
 from app.api.deps import AdminDep, AdminRoute, ComponentsDep, needs
 from app.api.documented import answer
-from app.services import catalog, testing
+from app.services import catalog
 from app.services import service as services
 from app.tenancy.roles import Need
 
@@ -82,10 +82,6 @@ async def update_model(model_id: int, body: ModelUpdate, actor: AdminDep, c: Com
 
 @router.post("/models/{model_id}/test", dependencies=[needs(Need.OPERATE)], **answer(ModelTestResult))
 async def test_model(model_id: int, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
-    def card(s: Session) -> tuple[str, int, list[str]]:
-        model, service = services.get_model(s, model_id)
-        return model.public_name, service.id, list(services.model_view(model, service)["capabilities"])
-
-    public_name, service_id, capabilities = await c.in_session(card)
+    public_name, service_id, capabilities = await c.in_session(lambda s: services.card_target(s, model_id))
     return await testing.run(c.forwarder, c.chat, c.observer, public_name=public_name, service_id=service_id,
                              capabilities=capabilities, request_id=actor.request_id)

@@ -3,25 +3,21 @@ shape of /v1/systemone, whose POST is taken by the lean route before FastAPI see
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
-import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
 
 from app.api.deps import ComponentsDep, ProjectDep
 from app.api.documented import answer
 from app.api.public.answers import Alive, ModelListing, NotReady, ProjectUsage, Ready
-from app.db import migrate
 from app.errors import InvalidRequest
 from app.services import model_list
 from app.telemetry import usage
 
 router = APIRouter()
-log = logging.getLogger("arbiter.api")
 
 
 @router.get("/v1/models", **answer(ModelListing))
@@ -57,18 +53,8 @@ NOT_READY = "the database is unavailable or behind the code's migrations"
 
 @router.get("/readyz", **answer(Ready, also={503: (NotReady, NOT_READY)}))
 async def readyz(components: ComponentsDep) -> JSONResponse:
-    def check() -> None:
-        with components.database.engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
-        migrate.check_current(components.database.engine)
-
-    try:
-        await components.in_session(lambda _s: check())
-    except (SQLAlchemyError, migrate.NotMigrated, OSError) as exc:
-        # Unauthenticated: say what kind of failure, never hosts, users or SQL (those go to the log).
-        log.warning("not ready: %s", exc)
-        reason = ("the database is behind the code's migrations; run arbiter migrate"
-                  if isinstance(exc, migrate.NotMigrated) else f"the database is unavailable ({type(exc).__name__})")
+    reason = await asyncio.to_thread(components.database.unready_reason)
+    if reason is not None:
         return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
     answer: dict[str, Any] = {"status": "ready"}
     if components.redis is not None:

@@ -13,15 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from sqlalchemy.orm import Session
 
 from app import jsonbody
+from app.api.admin import testing
 from app.decisions import schema
 from app.decisions.forward import Forwarder, Outcome
 from app.decisions.schema import DecisionRequest
 from app.errors import InvalidRequest, ValidationFailed
-from app.services import service as services
-from app.services import testing
 from app.telemetry.observer import Observer
 from app.telemetry.record import RequestRecord
 
@@ -40,12 +38,6 @@ _JSON_START = ("{", "[", '"')
 def example_questions() -> str:
     """The questions the form starts with, as the text it shows (indented JSON)."""
     return orjson.dumps(EXAMPLE_QUESTIONS, option=orjson.OPT_INDENT_2).decode()
-
-
-def card(session: Session, model_id: int) -> tuple[str, int, list[str]]:
-    """A card's public name, service id and capabilities (NotFound when the model is gone)."""
-    model, service = services.get_model(session, model_id)
-    return model.public_name, service.id, list(services.model_view(model, service)["capabilities"])
 
 
 def request_of(model: str, state: str, questions: str) -> tuple[dict[str, Any], DecisionRequest]:

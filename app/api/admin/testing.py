@@ -1,6 +1,9 @@
 """The Test action of a model card: one request through the same forwarding path tenants use,
 pinned to that card's service, billed to no project (its project label is `_test`). The card's
-playground (playground.py) runs the same way, with the admin's own state and questions."""
+playground (playground.py) runs the same way, with the admin's own state and questions.
+
+Both drive the decision path and chat's, so they live above both, in the API layer; what they
+read of the card comes from the domain (services.card_target)."""
 
 from __future__ import annotations
 
