@@ -1,4 +1,11 @@
-"""Media items: base64 strings turned into data: URLs for backends that want URLs."""
+"""Media items: what one is (``media_kind``), and base64 strings turned into data: URLs for
+backends that want URLs.
+
+``media_kind`` is here, below every forwarding path, because what it judges is how a backend's
+URL parser would read an item (a URL it would fetch is a server-side request forgery), the same
+for a decision's media fields and a chat message's parts: decisions and chat both ask it, and
+neither imports the other.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,8 @@ import binascii
 # The members of a System One body that carry media (SPEC §1), as a backend receives them;
 # app/decisions/schema.py maps each to the capability it needs.
 MEDIA_FIELDS = ("images", "audio", "videos")
+# C0 controls and space: URL parsers (WHATWG's, Python's urlsplit) skip them before a scheme.
+_URL_LEADING = "".join(map(chr, range(0x21)))
 
 _SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
     (b"\x89PNG", 0, "image/png"),
@@ -24,6 +33,23 @@ _SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
     (b"ftyp", 4, "video/mp4"),
     (b"\x1aE\xdf\xa3", 0, "video/webm"),
 )
+
+
+def media_kind(item: str) -> str:
+    """What a media item is: ``"data"`` (a data: URL), ``"base64"``, ``"remote"`` (an http(s)://
+    URL: refused unless a setting allows it) or ``"other"`` (any other scheme: always refused).
+
+    An allowlist, as a backend's URL parser would read the item: leading controls and spaces
+    are skipped (``" http://169.254.169.254/"`` is a URL), and base64 has no ``:``, so anything
+    else with one (``file:``, ``ftp:``, ``http:host`` without slashes, a scheme split by a tab) is
+    some other scheme."""
+    head = item.lstrip(_URL_LEADING)
+    scheme = head[:8].lower()
+    if scheme.startswith("data:"):
+        return "data"
+    if scheme.startswith(("http://", "https://")):
+        return "remote"
+    return "other" if ":" in head else "base64"
 
 
 def sniff(b64: str) -> str:

@@ -10,9 +10,18 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from app.decisions.forward import backend_failure, rejected_credential, rewrite_model
-from app.decisions.schema import media_kind
-from app.errors import ArbiterError, BackendFailed, InvalidRequest, UpstreamAuthFailed
+from app.errors import BackendFailed, InvalidRequest, UpstreamAuthFailed
+from app.routing.answers import rewrite_model
+from app.routing.forwarding import (
+    FAULT_STATUSES,
+    FaultAnswer,
+    TryAnother,
+    Waited,
+    backend_failure,
+    failover,
+    failure_verdict,
+    rejected_credential,
+)
 from app.routing.registry import Registry, Replica
 from app.routing.router import ReplicaRouter
 from app.settings import Settings
@@ -21,8 +30,8 @@ from app.tenancy.limits import RateLimiter, limits_of
 from app.tenancy.principal import Principal
 from app.tenancy.salts import TenantSalts
 from infra_adapters.base import BackendError, CallOptions, ReplyTooLarge, Stream
+from infra_adapters.media import media_kind
 
-_FAULT_STATUSES = frozenset({502, 503, 504})
 API_CAPABILITY = {"openai-chat": "completion", "ollama-chat": "completion", "embed": "embedding"}
 CHAT_PATHS = {"openai-chat": "/v1/chat/completions", "ollama-chat": "/api/chat"}
 _OPERATIONS = {"openai-chat": "chat", "ollama-chat": "chat", "embed": "embeddings"}  # gen_ai.operation.name
@@ -140,6 +149,7 @@ class ChatForwarder:
         self._registry = registry
         self._router = router
         self._settings = settings
+        self._by_api = {api: _ChatForwarding(api, registry, router, self._tracing) for api in API_CAPABILITY}
 
     def check(self, principal: Principal | None, body: Any, api: str) -> list[Replica]:
         """The replicas that may take this request, or the error that says why none may."""
@@ -179,64 +189,64 @@ class ChatForwarder:
 
     async def open(self, replicas: list[Replica], body: dict[str, Any], api: str,
                    headers: dict[str, str], principal: Principal | None = None) -> Answer:
-        """Send to a replica; retried once elsewhere when it fails before answering (SPEC §4). A
-        replica's own 502/503/504 comes back as it came when no later replica answered (the rule
-        of ``Attempts``, as for decisions)."""
-        model = body["model"]
-        cap = self._settings.max_response_bytes
-        attempts = self._router.attempts(replicas)
-        failed: ArbiterError | None = None
-        kept: Answer | None = None  # the latest replica's own 502/503/504, read whole
-        waited = 0.0  # on every attempt's backend: not the gateway's own time
-        for replica in attempts:
-            forwarded = dict(body)
-            forwarded["model"] = replica.backend_name
-            sent = dict(headers)
-            span = self._tracing.open_client_span(_OPERATIONS[api], model, replica.provider,
-                                                   replica.backend.url, sent)
-            options = CallOptions(timeout=replica.timeout, max_reply_bytes=cap, headers=sent, streaming=True,
-                                  tenant_salt=self._salts.of_caller(principal) if principal else None,
-                                  mesh_hops=principal.mesh_hops if principal else 0)
-            replica.in_flight += 1
-            started = time.perf_counter()
-            try:
-                stream = await replica.backend.open(replica.backend.route(api) or "", forwarded, options)
-            except BaseException as exc:  # a cancel too (the client hung up): the count is never left behind
-                replica.in_flight -= 1
-                waited += time.perf_counter() - started
-                if span is not None:
-                    annotate(span, error_type=type(exc).__name__)
-                    span.end()
-                if not isinstance(exc, BackendError):
-                    raise
-                self._router.take_out(replica)
-                failed = backend_failure(model, replica, exc, cap)
-                failed.__cause__ = exc
-                failed.served_by = replica.tried_at
-                continue
-            waited += time.perf_counter() - started
-            answer = Answer(replica, stream, model, cap, self._router, span, waited)
-            if replica.backend.rejected_own_credential(stream):
-                # About this service's key, not the request: another replica may take it (as for
-                # decisions), and the replica stays in (its other models' keys may be fine).
-                await answer.close()
-                self._registry.note_credential_rejected(replica)
-                failed = UpstreamAuthFailed(rejected_credential(replica))
-                failed.served_by = replica.tried_at
-                continue
-            if stream.status in _FAULT_STATUSES:
-                self._router.take_out(replica)
-                if attempts.another():  # nothing sent yet: try another replica, keeping this answer
-                    kept = await answer.keep() or kept
-                    waited = answer.waited
-                    continue
-            return answer
-        if kept is not None:  # a backend's own 5xx beats a generic error of ours
-            kept.waited = waited
-            return kept
-        error = failed if failed is not None else attempts.none_left(model)
-        error.backend_seconds = waited
-        raise error
+        """Send to a replica; retried once elsewhere when it fails before answering, by the
+        forwarding core's rule, as for decisions (app/routing/forwarding.py, SPEC §4)."""
+        options = CallOptions(timeout=0.0, max_reply_bytes=self._settings.max_response_bytes, headers=headers,
+                              streaming=True, tenant_salt=self._salts.of_caller(principal) if principal else None,
+                              mesh_hops=principal.mesh_hops if principal else 0)
+        waited: Waited = [0.0]  # on every attempt's backend: not the gateway's own time
+        answer = await failover(self._by_api[api], self._router, replicas, body["model"], body, options, waited)
+        answer.waited = waited[0]  # a held answer's too: every attempt's wait, not only its own
+        return answer
+
+
+class _ChatForwarding:
+    """The attempts at one chat API (``forwarding.Forwarding``): an answer is opened and streams on to
+    the caller, in a CLIENT span that ends with it; a replica's 502/503/504 is read whole only to
+    be held while another replica is tried."""
+
+    def __init__(self, api: str, registry: Registry, router: ReplicaRouter, tracing: Tracing) -> None:
+        self._api = api
+        self._operation = _OPERATIONS[api]
+        self._registry = registry
+        self._router = router
+        self._tracing = tracing
+
+    async def attempt(self, model: str, replica: Replica, forwarded: dict[str, Any],
+                      options: CallOptions, waited: Waited) -> Answer:
+        sent = dict(options.headers)
+        span = self._tracing.open_client_span(self._operation, model, replica.provider, replica.backend.url, sent)
+        call = CallOptions(timeout=replica.timeout, max_reply_bytes=options.max_reply_bytes, headers=sent,
+                           streaming=True, tenant_salt=options.tenant_salt, mesh_hops=options.mesh_hops)
+        replica.in_flight += 1
+        started = time.perf_counter()
+        try:
+            stream = await replica.backend.open(replica.backend.route(self._api) or "", forwarded, call)
+        except BaseException as exc:  # a cancel too (the client hung up): the count is never left behind
+            replica.in_flight -= 1
+            waited[0] += time.perf_counter() - started
+            if span is not None:
+                annotate(span, error_type=type(exc).__name__)
+                span.end()
+            if isinstance(exc, BackendError):
+                raise failure_verdict(model, replica, exc, call.max_reply_bytes) from exc
+            raise
+        waited[0] += time.perf_counter() - started
+        answer = Answer(replica, stream, model, call.max_reply_bytes, self._router, span, waited[0])
+        if replica.backend.rejected_own_credential(stream):
+            # About this service's key, not the request: another replica may take it (as for
+            # decisions), and the replica stays in (its other models' keys may be fine).
+            await answer.close()
+            self._registry.note_credential_rejected(replica)
+            raise TryAnother(UpstreamAuthFailed(rejected_credential(replica)), take_out=False)
+        if stream.status in FAULT_STATUSES:  # nothing of it is sent yet
+            raise FaultAnswer(answer)
+        return answer
+
+    async def hold(self, answer: Answer, waited: Waited) -> Answer | None:
+        kept = await answer.keep()
+        waited[0] = answer.waited  # its head, then its body
+        return kept
 
 
 def _unspoken(model: str, api: str, replicas: list[Replica]) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from app import jsonbody
-from app.decisions.forward import token_count
+from app.routing.answers import token_count
 
 TAIL_BYTES = 8192  # the end of a stream searched for the usage
 

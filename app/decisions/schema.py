@@ -13,14 +13,13 @@ from typing import Any
 from app.decisions import keep_alive
 from app.errors import ValidationFailed, problem
 from app.jsonbody import is_number
+from infra_adapters.media import media_kind
 
 MAX_QUESTIONS = 64
 MAX_CHOICE_OPTIONS = 255
 SCORE_LEVELS = (2, 10)
 MEDIA_FIELDS = {"images": "vision", "audio": "audio", "videos": "video"}
 QUESTION_TYPES = ("choice", "noul", "score")
-# C0 controls and space: URL parsers (WHATWG's, Python's urlsplit) skip them before a scheme.
-_URL_LEADING = "".join(map(chr, range(0x21)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,23 +156,6 @@ def _check_media(body: dict[str, Any], problems: list[dict[str, Any]]) -> tuple[
         if items:
             present.append(field)
     return tuple(present), remote
-
-
-def media_kind(item: str) -> str:
-    """What a media item is: ``"data"`` (a data: URL), ``"base64"``, ``"remote"`` (an http(s)://
-    URL: refused unless a setting allows it) or ``"other"`` (any other scheme: always refused).
-
-    An allowlist, as a backend's URL parser would read the item: leading controls and spaces
-    are skipped (``" http://169.254.169.254/"`` is a URL), and base64 has no ``:``, so anything
-    else with one (``file:``, ``ftp:``, ``http:host`` without slashes, a scheme split by a tab) is
-    some other scheme."""
-    head = item.lstrip(_URL_LEADING)
-    scheme = head[:8].lower()
-    if scheme.startswith("data:"):
-        return "data"
-    if scheme.startswith(("http://", "https://")):
-        return "remote"
-    return "other" if ":" in head else "base64"
 
 
 def is_numberish(value: Any) -> bool:  # re-exported for callers that check state types

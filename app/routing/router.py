@@ -1,8 +1,9 @@
 """Which replica takes a request: fewest in flight, ties take turns, faulty ones sit out a while.
 
 One router per process, shared by every forwarding path (decisions, chat, Test), so a
-replica that failed a chat request is also avoided by decisions. ``attempts()`` is the one
-retry rule they all follow (SPEC §4).
+replica that failed a chat request is also avoided by decisions. ``attempts()`` gives the
+replicas one request tries (SPEC §4); what an attempt's answer or failure means is the forwarding
+core's one rule (app/routing/forwarding.py).
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ class Attempts:
         (a 502/503/504 answer) gives it back as it came when not, and otherwise keeps it while the
         next replica is tried: when that one gives no answer of its own either (a connection
         error, a timeout), the kept answer still comes back, byte for byte; a backend's own 5xx
-        beats a generic error of Arbiter's. Decisions and chat both follow this rule."""
+        beats a generic error of Arbiter's. The forwarding core (app/routing/forwarding.py) follows
+        this rule for decisions and chat."""
         return len(self._tried) < ATTEMPTS and self._router.available(self._replicas, self._tried)
 
     def none_left(self, model: str) -> BackendFailed:

@@ -1,4 +1,4 @@
-"""Media items: sniffing base64 heads, data: URLs and back."""
+"""Media items: what one is, sniffing base64 heads, data: URLs and back."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from infra_adapters.media import as_base64, as_data_url, sniff
+from infra_adapters.media import as_base64, as_data_url, media_kind, sniff
 
 HEADS = {
     "image/png": b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR",
@@ -24,6 +24,24 @@ HEADS = {
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+@pytest.mark.parametrize(("item", "kind"), [
+    ("iVBORw0KGgo=", "base64"),
+    ("data:image/png;base64,iVBORw0KGgo=", "data"),
+    ("DATA:image/png;base64,iVBORw0KGgo=", "data"),
+    ("https://example.com/a.png", "remote"),
+    # As a backend's URL parser reads it: leading controls and spaces skipped, any case.
+    (" http://169.254.169.254/", "remote"),
+    ("\x00\t" * 20 + "HTTPS://169.254.169.254/", "remote"),
+    # Any other scheme, or a colon base64 never has: refused whatever the setting.
+    ("file:///etc/passwd", "other"),
+    ("ftp://x/y.wav", "other"),
+    ("http:example.com", "other"),
+    ("ht\ttp://example.com", "other"),
+])
+def test_media_kind(item: str, kind: str) -> None:
+    assert media_kind(item) == kind
 
 
 @pytest.mark.parametrize(("media_type", "head"), sorted(HEADS.items()))

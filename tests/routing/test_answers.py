@@ -1,11 +1,12 @@
 """The backend's answer comes back as it came but for ``model`` (SPEC §1): byte for byte where the
-pair can be found in it, else re-encoded with every number's own text."""
+pair can be found in it, else re-encoded with every number's own text. Its token counts are read
+as the ledger can hold them."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.decisions.forward import rewrite_model
+from app.routing.answers import rewrite_model, token_count
 
 BACKEND, PUBLIC = "nimble:latest", "nimble"
 
@@ -46,3 +47,8 @@ def test_an_answer_already_in_public_terms_is_untouched() -> None:
 
 def test_not_json_is_untouched() -> None:
     assert rewrite_model(b"not json", BACKEND, PUBLIC) == b"not json"
+
+
+def test_token_counts_past_the_bigint_range_are_unknown() -> None:
+    assert token_count(2**63 - 1) == 2**63 - 1
+    assert token_count(2**63) is None and token_count(-1) is None and token_count(True) is None and token_count(1.0) is None
