@@ -25,6 +25,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from app.errors import AuthenticationFailed
 from app.mesh.nonces import NonceStore
@@ -36,6 +37,9 @@ PROOF_HEADER = "X-Arbiter-Mesh-Proof"
 # On a 401 that refuses a mesh credential: the node that sent it knows its mesh key was refused,
 # and not the request by a backend behind this node (whose 401/403 passes through unchanged).
 REFUSED_HEADER = "X-Arbiter-Mesh-Refused"
+# On the same 401, why, as a Refusal: what the sender acts on (a peer with a new name is
+# introduced again), where the message is for people and may be reworded.
+REFUSAL_HEADER = "X-Arbiter-Mesh-Refusal"
 ANY_NODE = "*"  # the target of v1 introductions (any node); refused everywhere now
 WINDOW = 60.0  # seconds a signature is accepted either side of the receiver's clock
 # How long an accepted nonce is kept: its signature's time may be WINDOW ahead of the receiver's
@@ -69,12 +73,43 @@ def body_digest(body: bytes) -> str:
     return "sha256=" + hashlib.sha256(body).hexdigest()
 
 
-class MeshCredentialRefused(AuthenticationFailed):
-    """A mesh credential this node refuses (401), marked with ``X-Arbiter-Mesh-Refused: 1``."""
+class Refusal(StrEnum):
+    """Why a mesh credential was refused: the value of ``X-Arbiter-Mesh-Refusal``. The values are
+    part of the wire: a new one may be added, none renamed."""
 
-    def __init__(self, message: str) -> None:
+    MALFORMED = "malformed"  # not a v2 credential's form, or without its length or digest header
+    OLD_CREDENTIAL = "v1"  # a v1 credential, from a node of an earlier build
+    ANY_NODE = "any-node"  # signed for ``*``
+    LOOP = "loop"  # signed by this node
+    OTHER_NODE = "other-node"  # signed for a node of another name: the one before a rename, say
+    CLOCK = "clock"  # out of the time window
+    WRONG_KEY = "wrong-key"
+    REPLAYED = "replayed"
+    BODY = "body"  # the body is not the one signed
+    NO_MESH = "no-mesh"  # this node is not in a mesh
+
+
+class MeshCredentialRefused(AuthenticationFailed):
+    """A mesh credential this node refuses (401), marked with ``X-Arbiter-Mesh-Refused: 1`` and
+    its reason in ``X-Arbiter-Mesh-Refusal``."""
+
+    def __init__(self, reason: Refusal, message: str) -> None:
         super().__init__(message)
+        self.reason = reason
         self.headers[REFUSED_HEADER] = "1"
+        self.headers[REFUSAL_HEADER] = reason.value
+
+
+def refused_for_another_node(headers: Mapping[str, str], message: str) -> bool:
+    """Whether a peer's refusal (its answer's ``headers`` and ``error`` message) is of a credential
+    signed for a name it no longer has: the peer was renamed, and an introduction gives its new one."""
+    reason = headers.get(REFUSAL_HEADER)
+    if reason is not None:
+        return reason == Refusal.OTHER_NODE
+    # Nodes from before the reason header (the 0.1.0 builds with v2 credentials, from commit
+    # bb442ea to issue #23) say it in words only, which those builds no longer change. Remove
+    # this once no such node is left in a mesh.
+    return "meant for another node" in message
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,39 +164,45 @@ class MeshAuth:
         if parts[0] == "v1":
             sender = parts[1] if len(parts) > 1 and valid_node_name(parts[1]) else "?"
             raise MeshCredentialRefused(
+                Refusal.OLD_CREDENTIAL,
                 "mesh credential v1 refused: this node takes v2 (checked before the body is read); "
                 f"node {sender} runs an earlier Arbiter and must be upgraded")
         if len(parts) != 8 or parts[0] != CREDENTIAL_VERSION:
-            raise MeshCredentialRefused("malformed mesh credential")
+            raise MeshCredentialRefused(Refusal.MALFORMED, "malformed mesh credential")
         node, target, timestamp, nonce, hops, salt, signature = parts[1:]
         if target == ANY_NODE:
-            raise MeshCredentialRefused("mesh credential for any node (*) refused: a mesh request names its target")
+            raise MeshCredentialRefused(Refusal.ANY_NODE,
+                                        "mesh credential for any node (*) refused: a mesh request names its target")
         if not (valid_node_name(node) and valid_node_name(target) and _TIMESTAMP.fullmatch(timestamp)
                 and _HOPS.fullmatch(hops) and (salt == "-" or _SALT.match(salt)) and _NONCE.match(nonce)
                 and _SIGNATURE.match(signature)):
-            raise MeshCredentialRefused("malformed mesh credential")
+            raise MeshCredentialRefused(Refusal.MALFORMED, "malformed mesh credential")
         if node == self.node:
-            raise MeshCredentialRefused("a request signed by this node came back to it: a mesh loop")
+            raise MeshCredentialRefused(Refusal.LOOP, "a request signed by this node came back to it: a mesh loop")
         if target != self.node:
-            raise MeshCredentialRefused(f"mesh credential meant for another node ({target})")
+            raise MeshCredentialRefused(Refusal.OTHER_NODE, f"mesh credential meant for another node ({target})")
         if abs(time.time() - int(timestamp)) > WINDOW:
-            raise MeshCredentialRefused("mesh credential out of its time window (are the nodes' clocks right?)")
+            raise MeshCredentialRefused(Refusal.CLOCK,
+                                        "mesh credential out of its time window (are the nodes' clocks right?)")
         length, digest = headers.get("content-length"), headers.get(DIGEST_HEADER.lower())
         if length is None or not _LENGTH.fullmatch(length):
-            raise MeshCredentialRefused("a mesh request carries the Content-Length it was signed for")
+            raise MeshCredentialRefused(Refusal.MALFORMED,
+                                        "a mesh request carries the Content-Length it was signed for")
         if digest is None or not _DIGEST.fullmatch(digest):
-            raise MeshCredentialRefused(f"a mesh request carries {DIGEST_HEADER}: sha256=<hex>, signed with it")
+            raise MeshCredentialRefused(Refusal.MALFORMED,
+                                        f"a mesh request carries {DIGEST_HEADER}: sha256=<hex>, signed with it")
         expected = self._mac(method, path, (node, target, timestamp, nonce, hops, salt), length, digest)
         if not hmac.compare_digest(expected, signature):
-            raise MeshCredentialRefused("mesh credential refused: wrong mesh key")
+            raise MeshCredentialRefused(Refusal.WRONG_KEY, "mesh credential refused: wrong mesh key")
         if not await self._nonces.first_use(nonce):
-            raise MeshCredentialRefused("mesh credential refused: replayed")
+            raise MeshCredentialRefused(Refusal.REPLAYED, "mesh credential refused: replayed")
         return Claim(node, target, int(timestamp), nonce, int(hops), None if salt == "-" else salt, digest)
 
     def verify_body(self, claim: Claim, body: bytes) -> None:
         """MeshCredentialRefused unless ``body`` (all of it, read) is the body the claim signed."""
         if not hmac.compare_digest(body_digest(body), claim.digest):
-            raise MeshCredentialRefused("mesh credential refused: the body is not the one that was signed")
+            raise MeshCredentialRefused(Refusal.BODY,
+                                        "mesh credential refused: the body is not the one that was signed")
 
     def answer_proof(self, nonce: str, body: bytes) -> str:
         return self._proof(b"arbiter-mesh-v1 answer\n", nonce, body)

@@ -43,11 +43,12 @@ class MeshBackend(HttpBackendBase):
         return await self._post("/v1/systemone", body, options)
 
     def decisions_unsupported(self, reply: Reply) -> bool:
-        # 405: the peer's holders of the model cannot answer decisions. Arbiter's unknown-route 404
-        # (``{"error": "no route POST /v1/decisions", ...}``): a peer from before that route, which
-        # gets the request translated onto /v1/systemone instead, as a vLLM without it does. The
-        # route's own 404 (the model is not there) has OpenAI's shape, with an object as ``error``.
-        return reply.status == 405 or (reply.status == 404 and _unknown_route(reply.body))
+        # 405: the peer's holders of the model cannot answer decisions. A 404 is the route's own (the
+        # model is not there) and comes back as it came: every peer this node can talk to has
+        # /v1/decisions, since the nodes from before that route sign v1 mesh credentials, which this
+        # node refuses (auth.py). A route added to _ROUTES later needs peers to announce it in the
+        # exchange: an older peer's unknown-route 404 differs from a route's own only in wording.
+        return reply.status == 405
 
     def route(self, api: str) -> str | None:
         return _ROUTES.get(api)
@@ -61,12 +62,3 @@ class MeshBackend(HttpBackendBase):
         stream = await self._open(path, data, headers, options)
         stream.credential_refused = stream.header(REFUSED_HEADER) == "1"
         return stream
-
-
-def _unknown_route(body: bytes) -> bool:
-    try:
-        answer = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return False
-    error = answer.get("error") if isinstance(answer, dict) else None
-    return isinstance(error, str) and error.startswith("no route ")

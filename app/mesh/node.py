@@ -46,6 +46,7 @@ from app.mesh.auth import (
     WINDOW,
     Claim,
     MeshAuth,
+    refused_for_another_node,
     valid_node_name,
 )
 from app.mesh.backend import MeshBackend
@@ -306,7 +307,7 @@ class Mesh:
             return None
         if response.status_code in (401, 403):
             why = _error_message(answer)
-            if "meant for another node" in why:  # the peer has a new name: introduce ourselves again
+            if refused_for_another_node(response.headers, why):  # a new name: introduce ourselves again
                 peer.name = None
                 self._lost(peer, f"{peer.url} is now another node; reconnecting", state="connecting")
                 return None

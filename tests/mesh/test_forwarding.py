@@ -16,7 +16,7 @@ from app.api.asgi import Receive, Scope, Send, send_bytes
 from app.db.models import AuditEntry, MeshPeer, UsageRecord
 from app.errors import NotFound
 from app.mesh import node as mesh_node_module
-from app.mesh.auth import MeshAuth
+from app.mesh.auth import MeshAuth, MeshCredentialRefused, Refusal
 from tests.api.public.openai_sdk import QUESTIONS, TICKET
 from tests.mesh.conftest import MESH_KEY, Node
 from tests.support import assert_error, decision, wait_for
@@ -153,6 +153,30 @@ def test_a_peer_that_stops_taking_this_nodes_key_gives_500(mesh_node: Callable[.
     response = a.client().post("/v1/systemone", json=decision("tev1"))
     assert_error(response, 500, "upstream_auth_error")
     assert "node-b" in response.json()["error"]
+
+
+def test_a_peer_renamed_at_its_url_is_introduced_again_whatever_its_refusal_says(
+        mesh_node: Callable[..., Node], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer restarted under another ARBITER_MESH_NODE_NAME refuses exchanges signed for its old
+    name; its refusal's reason header, not its words, has this node introduce itself again."""
+    b = mesh_node("node-b", models={"tev1": ["decision"]})
+    a = mesh_node("node-a", peers=[b.url])
+    wait_for(lambda: _answers(a, "tev1"))
+    original = MeshCredentialRefused.__init__
+
+    def reworded(self: MeshCredentialRefused, reason: Refusal, message: str) -> None:
+        original(self, reason, "not accepted here")  # every refusal worded anew, as a later build may
+
+    monkeypatch.setattr(MeshCredentialRefused, "__init__", reworded)
+    mesh = b.gateway.app.components.mesh
+    mesh.name = mesh.auth.node = "node-b2"  # type: ignore[union-attr]
+    signed, _ = MeshAuth(MESH_KEY, "node-x").sign("POST", "/mesh/v1/exchange", b"{}", target="node-b")
+    refused = httpx.post(f"{b.url}/mesh/v1/exchange", content=b"{}", headers=signed)
+    assert "another node" not in assert_error(refused, 401, "authentication_error")["error"]
+    assert refused.headers["X-Arbiter-Mesh-Refusal"] == "other-node"
+    wait_for(lambda: (p := a.mesh()["peers"][0])["name"] == "node-b2" and p["state"] == "connected")
+    assert _answers(a, "tev1")
+    assert a.peer("node-b") is None
 
 
 def test_a_backends_own_401_or_403_behind_a_peer_comes_back_unchanged(mesh_node: Callable[..., Node]) -> None:
@@ -323,36 +347,28 @@ def test_the_openai_decisions_api_goes_through_the_mesh(mesh_node: Callable[...,
                          for r in _usage(a)))
 
 
-def test_a_peer_that_predates_the_openai_decisions_api_gets_it_as_system_one(
+def test_a_peers_404_on_the_openai_decisions_api_comes_back_whatever_its_words(
         mesh_node: Callable[..., Node]) -> None:
+    """Every peer that can join has /v1/decisions (the builds before it sign v1 credentials), so
+    its 404 there is the route's own: passed back, even worded as an unknown route's, and never
+    retried as System One."""
     b = mesh_node("node-b", models={"nimble": ["decision"]})
     a = mesh_node("node-a", peers=[b.url])
     wait_for(lambda: _answers(a, "nimble"))
-
-    async def unknown_route(scope: Scope, receive: Receive, send: Send) -> None:
-        # What an Arbiter from before /v1/decisions answers there: its unknown-route 404.
-        error = NotFound(f"no route {scope['method']} {scope['path']}")
-        await send_bytes(send, 404, error.body(), "application/json")
-
-    b.gateway.app.openai_decisions = unknown_route
-    before = len(b.ollama.requests)
     body = {"model": "nimble", "input": TICKET, "questions": QUESTIONS}
-    response = a.client().post("/v1/decisions", json=body)
-    assert response.status_code == 200, response.text
-    assert [x["name"] for x in response.json()["answers"]] == ["damaged", "department", None]
-    asked = [r.json for r in b.ollama.requests[before:] if r.path == "/v1/systemone"]  # not B's syncs
-    assert len(asked) == 1 and list(asked[0]["questions"]) == ["damaged", "department", "questions[2]"]
-    # The route's own 404 (the model gone from the peer) is not a missing route: it comes back.
+    unknown_route = NotFound("no route POST /v1/decisions").body()
     gone = b'{"error":{"message":"model \'nimble\' is not installed","type":"not_found_error","param":null}}'
+    for answer, message in ((unknown_route, "no route POST /v1/decisions"),
+                            (gone, "model 'nimble' is not installed")):
 
-    async def model_gone(scope: Scope, receive: Receive, send: Send) -> None:
-        await send_bytes(send, 404, gone, "application/json")
+        async def not_found(scope: Scope, receive: Receive, send: Send, answer: bytes = answer) -> None:
+            await send_bytes(send, 404, answer, "application/json")
 
-    b.gateway.app.openai_decisions = model_gone
-    before = len(b.ollama.requests)
-    missing = a.client().post("/v1/decisions", json=body)
-    assert missing.status_code == 404 and missing.json()["error"]["message"] == "model 'nimble' is not installed"
-    assert "/v1/systemone" not in [r.path for r in b.ollama.requests[before:]]
+        b.gateway.app.openai_decisions = not_found
+        before = len(b.ollama.requests)
+        response = a.client().post("/v1/decisions", json=body)
+        assert response.status_code == 404 and response.json()["error"]["message"] == message  # OpenAI's shape
+        assert "/v1/systemone" not in [r.path for r in b.ollama.requests[before:]]
 
 
 def test_a_peer_that_only_connects_here_is_dropped_when_it_falls_silent(mesh_node: Callable[..., Node]) -> None:

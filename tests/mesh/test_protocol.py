@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from app.errors import AuthenticationFailed
-from app.mesh.auth import Claim, MeshAuth
+from app.mesh.auth import Claim, MeshAuth, MeshCredentialRefused, Refusal, refused_for_another_node
 from app.mesh.protocol import BadAnnouncement, Reader
 from tests.mesh.old_peer import MemoryNonces
 
@@ -141,6 +141,32 @@ def test_a_credential_is_good_only_at_its_target_and_once() -> None:
     _admit(b, headers, b"{}")
     with pytest.raises(AuthenticationFailed, match="replayed"):
         _admit(b, headers, b"{}")
+
+
+def test_each_refusal_names_its_reason_in_a_header() -> None:
+    sender = MeshAuth("k", "node-a")
+    b, c = MeshAuth("k", "node-b", MemoryNonces()), MeshAuth("other", "node-c", MemoryNonces())
+    for_b, _ = sender.sign("POST", "/v1/systemone", b"{}", target="node-b")
+    for_c, _ = sender.sign("POST", "/v1/systemone", b"{}", target="node-c")
+    claim = _admit(b, for_b, b"{}")
+    for refuse, reason in ((lambda: _admit(c, for_b, b"{}"), Refusal.OTHER_NODE),
+                           (lambda: _admit(c, for_c, b"{}"), Refusal.WRONG_KEY),
+                           (lambda: _admit(b, for_b, b"{}"), Refusal.REPLAYED),
+                           (lambda: b.verify_body(claim, b"[]"), Refusal.BODY)):
+        with pytest.raises(MeshCredentialRefused) as refused:
+            refuse()
+        assert refused.value.headers["X-Arbiter-Mesh-Refused"] == "1"
+        assert refused.value.headers["X-Arbiter-Mesh-Refusal"] == reason == refused.value.reason
+
+
+@pytest.mark.parametrize(("headers", "message", "renamed"), [
+    ({"X-Arbiter-Mesh-Refusal": "other-node"}, "not accepted here", True),  # whatever the words
+    ({"X-Arbiter-Mesh-Refusal": "wrong-key"}, "mesh credential meant for another node (node-b)", False),
+    ({}, "mesh credential meant for another node (node-b)", True),  # a build from before the header
+    ({}, "mesh credential refused: wrong mesh key", False),
+])
+def test_a_renamed_peer_is_told_by_its_refusals_reason(headers: dict[str, str], message: str, renamed: bool) -> None:
+    assert refused_for_another_node(headers, message) is renamed
 
 
 def test_an_answer_proves_the_peer_holds_the_key() -> None:

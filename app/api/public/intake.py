@@ -13,7 +13,7 @@ from app.api.asgi import Receive, Scope, Send, header_map, send_error
 from app.decisions.body import ClientGone, check_length, content_encoding, read_body
 from app.decisions.multipart import is_multipart
 from app.errors import ArbiterError
-from app.mesh.auth import SCHEME, MeshAuth, MeshCredentialRefused, request_target
+from app.mesh.auth import SCHEME, MeshAuth, MeshCredentialRefused, Refusal, request_target
 from app.telemetry.record import RequestRecord
 from app.tenancy.keycache import KeyCache
 from app.tenancy.principal import Principal
@@ -54,7 +54,8 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
     try:
         if authorization is not None and authorization.startswith(SCHEME):
             if mesh is None:
-                raise MeshCredentialRefused("this node is not in a mesh (ARBITER_MESH_KEY is not set)")
+                raise MeshCredentialRefused(Refusal.NO_MESH,
+                                            "this node is not in a mesh (ARBITER_MESH_KEY is not set)")
             claim = await mesh.admit(authorization, scope["method"],
                                      request_target(scope["path"], scope.get("query_string", b"")), headers)
             principal = Principal.mesh_node(claim.node, claim.hops, claim.salt)

@@ -5,10 +5,11 @@
   straight, with ``model`` set to its name for the model; so does a mesh peer. A vLLM gets it in
   the form vLLM 0.33's ``DecisionRequest`` takes (``vllm/entrypoints/openai/decisions/protocol.py``,
   ``extra="forbid"``, strict strings), which says the same thing (``vllm_form``), and the project's
-  prefix-cache salt (as ``/v1/systemone`` gets it). A vLLM or a peer that predates the route
-  answers its unknown-route 404 (``decisions_unsupported``), and a vLLM model without a decisions
-  read strategy answers 501 (vLLM always registers the route: ``openai/decisions/api_router.py``);
-  the request is then translated onto its ``/v1/systemone`` instead.
+  prefix-cache salt (as ``/v1/systemone`` gets it). A vLLM that predates the route answers its
+  unknown-route 404 (``decisions_unsupported``; every mesh peer has the route), and a vLLM model
+  without a decisions read strategy answers 501 (vLLM always registers the route:
+  ``openai/decisions/api_router.py``); the request is then translated onto its ``/v1/systemone``
+  instead.
 - Any other backend gets the request translated onto ``/v1/systemone``, and its answer is
   translated back (``translate``).
 Either way what comes back is an OpenAI answer, so token counts and ``model`` are read as usual.
