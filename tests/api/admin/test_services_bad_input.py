@@ -4,7 +4,7 @@ shape, 400 for what the admin sent (never 422), 404/409 where they belong, never
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -253,14 +253,20 @@ def test_lone_surrogates_and_control_characters_are_400_and_write_nothing(admin:
     assert audit_count(admin) == audited
 
 
+def _answering(body: bytes) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """An aiohttp handler that answers ``body`` as JSON (aiohttp deprecates plain functions)."""
+    async def handler(_request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+    return handler
+
+
 def test_an_answer_that_cannot_be_sent_leaves_the_change_uncommitted(stack: Stack) -> None:
     """An Ollama whose model has a capability with a lone surrogate in it: stored, that text
     could never be encoded again (every model list a 500). The answer fails, so must the change."""
     odd = web.Application()
-    odd.router.add_get("/api/version", lambda _: web.json_response({"version": "0.35.0"}))
-    odd.router.add_get("/api/tags", lambda _: web.json_response({"models": [{"name": "odd:latest"}]}))
-    odd.router.add_post("/api/show", lambda _: web.Response(body=b'{"capabilities": ["completion\\ud800"]}',
-                                                            content_type="application/json"))
+    odd.router.add_get("/api/version", _answering(b'{"version": "0.35.0"}'))
+    odd.router.add_get("/api/tags", _answering(b'{"models": [{"name": "odd:latest"}]}'))
+    odd.router.add_post("/api/show", _answering(b'{"capabilities": ["completion\\ud800"]}'))
     with stack.client("admin") as admin:
         audited = audit_count(admin)
     with EmulatorServer(odd) as server, stack.client("admin") as admin:
