@@ -128,7 +128,9 @@ class Settings(BaseSettings):
     )
     mesh_peers: str = Field("", description="Comma-separated base URLs of peers this node connects to.")
     mesh_node_name: str | None = Field(None, description="This node's name in the mesh (default: host:port).")
-    mesh_url: str | None = Field(None, description="The base URL peers reach this node at (default: from host and port).")
+    mesh_url: str | None = Field(
+        None, description="The base URL peers reach this node at (default: from host and port)."
+    )
     mesh_interval: float = Field(1.0, gt=0, description="Seconds between model-list exchanges with each peer.")
     mesh_max_backoff: float = Field(8.0, gt=0, description="Longest wait between reconnects to a peer that is down.")
     mesh_max_hops: int = Field(4, ge=1, le=32, description="Most mesh hops a request may take.")
@@ -160,7 +162,9 @@ class Settings(BaseSettings):
     log_level: str = Field("INFO", description="Log level of the JSON logs.")
     log_payloads: bool = Field(False, description="Put request states in the logs (personal data!).")
     metrics_token: SecretStr | None = Field(None, description="Bearer token that opens /metrics.")
-    metrics_port: int | None = Field(None, ge=1, le=65535, description="Serve /metrics on this port instead, unauthenticated.")
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="Serve /metrics on this port instead, unauthenticated."
+    )
     metrics_host: str = Field("127.0.0.1", description="Address of the separate metrics port.")
     metrics_project_label: bool = Field(True, description="Label token and duration metrics with the project's name.")
     trace_state: bool = Field(True, description="Put the request's state on spans as body.state.")

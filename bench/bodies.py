@@ -109,8 +109,8 @@ def report(number: int, result: dict[str, Any]) -> bool:
     for request in result["requests"]:
         print(f"  POST /v1/systemone -> {request['status']} in {request['seconds']:.3f} s: {request['answer'][:100]}")
     ok = result["healthz_worst_ms"] < GOAL_HEALTHZ_MS and result["rss_growth_mb"] < GOAL_RSS_MB
-    print(f"  /healthz while they ran: worst {result['healthz_worst_ms']:.1f} ms, p50 {result['healthz_p50_ms']:.2f} ms "
-          f"({result['healthz_polls']} polls; goal < {GOAL_HEALTHZ_MS:.0f} ms)")
+    print(f"  /healthz while they ran: worst {result['healthz_worst_ms']:.1f} ms, "
+          f"p50 {result['healthz_p50_ms']:.2f} ms ({result['healthz_polls']} polls; goal < {GOAL_HEALTHZ_MS:.0f} ms)")
     print(f"  arbiter RSS: idle {result['rss_idle_mb']:.0f} MB, peak {result['rss_peak_mb']:.0f} MB, "
           f"growth {result['rss_growth_mb']:+.0f} MB (goal < +{GOAL_RSS_MB:.0f} MB)   {'PASS' if ok else 'FAIL'}")
     return ok

@@ -929,9 +929,11 @@ def main() -> int:
         meta["processes"] = procs
         print(f"emulator :{cluster.emulator_port} ({procs['emulator']} process), arbiter "
               f":{cluster.arbiter_port} ({WORKERS['arbiter']} worker, {procs['arbiter']} "
-              f"process)" + (f", reference :{cluster.reference_port} ({WORKERS['reference']} worker)"
-                             if with_reference else "") + (f", litellm :{cluster.litellm_port} ({WORKERS['litellm']} worker, "
-                             f"{procs['litellm']} process)" if with_litellm else ""))
+              f"process)"
+              + (f", reference :{cluster.reference_port} ({WORKERS['reference']} worker)"
+                 if with_reference else "")
+              + (f", litellm :{cluster.litellm_port} ({WORKERS['litellm']} worker, "
+                 f"{procs['litellm']} process)" if with_litellm else ""))
         print(f"arbiter log level: {args.arbiter_log_level}"
               + (" (an access line per request)" if args.arbiter_log_level in ("DEBUG", "INFO")
                  else " (no access line per request)"))

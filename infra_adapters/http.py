@@ -111,7 +111,8 @@ class HttpBackendBase:
 
     async def _admin_exchange(self, method: str, url: str, payload: dict[str, Any] | None) -> httpx.Response:
         timeout = httpx.Timeout(self._admin_timeout, connect=min(self._connect_timeout, self._admin_timeout))
-        async with asyncio.timeout(self._admin_timeout), httpx.AsyncClient(timeout=timeout, verify=admin_tls()) as client:
+        async with (asyncio.timeout(self._admin_timeout),
+                    httpx.AsyncClient(timeout=timeout, verify=admin_tls()) as client):
             return await client.request(method, url, json=payload, headers=self._admin_headers())
 
     # -- forwarding (async, aiohttp) -----------------------------------------------

@@ -154,7 +154,8 @@ def fill(base: str, admin_key: str) -> None:
         sent = 0
         for project, model, count in (("support", "nimble", 9), ("support", "tev1", 5), ("billing-bot", "nimble", 6),
                                       ("triage", "nimble", 4), ("triage", "tev1", 2)):
-            with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {keys[project]}"}, timeout=30) as tenant:
+            with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {keys[project]}"},
+                              timeout=30) as tenant:
                 for n in range(count):
                     tenant.post("/v1/systemone", json={"model": model, "state": {"ticket": TICKETS[n % len(TICKETS)]},
                                                        "questions": question})

@@ -29,7 +29,8 @@ def add_options(parser: argparse.ArgumentParser, *, top: bool, url: bool = True)
     default: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
     group = parser.add_argument_group("remote mode (the admin API instead of the database)")
     if url:
-        group.add_argument("--url", dest="gateway_url", metavar="URL", help="the gateway's address, e.g. https://arbiter.example.com "
+        group.add_argument("--url", dest="gateway_url", metavar="URL",
+                           help="the gateway's address, e.g. https://arbiter.example.com "
                            "(default: ARBITER_URL; none: work on the database)", **default)
     group.add_argument("--admin-key-file", metavar="FILE", help="a file holding the admin key (default: "
                        "ARBITER_ADMIN_KEY_FILE); keeps the key out of shell history", **default)
@@ -40,7 +41,8 @@ def add_options(parser: argparse.ArgumentParser, *, top: bool, url: bool = True)
     group.add_argument("--insecure", action="store_true", help="do not verify the server's TLS certificate "
                        "(a test cluster's self-signed one; never across a network you do not trust)",
                        **({"default": False} if top else default))
-    group.add_argument("--request-timeout", type=float, metavar="SECONDS", help="how long a call to the server may take "
+    group.add_argument("--request-timeout", type=float, metavar="SECONDS",
+                       help="how long a call to the server may take "
                        f"(default: {DEFAULT_TIMEOUT:g})", **default)
 
 
@@ -99,7 +101,8 @@ def _checked_url(url: str) -> str:
 def _admin_key(args: argparse.Namespace) -> str:
     """The key from the first place that has one: a flag (file, then value), then the environment."""
     sources = (("admin_key_file", "--admin-key-file", True), ("admin_key", "--admin-key", False),
-               ("ARBITER_ADMIN_KEY_FILE", "ARBITER_ADMIN_KEY_FILE", True), ("ARBITER_ADMIN_KEY", "ARBITER_ADMIN_KEY", False))
+               ("ARBITER_ADMIN_KEY_FILE", "ARBITER_ADMIN_KEY_FILE", True),
+               ("ARBITER_ADMIN_KEY", "ARBITER_ADMIN_KEY", False))
     for name, where, from_file in sources:
         value = getattr(args, name, None) if name.islower() else (os.environ.get(name) or None)
         if value is None:

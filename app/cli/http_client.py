@@ -151,7 +151,8 @@ class HttpClient:
         try:
             response = self._http.request(method, path, json=body)
         except httpx.TimeoutException as exc:
-            raise RemoteError(f"{self.url} did not answer within {self._timeout:g} s (--request-timeout sets the wait)") from exc
+            raise RemoteError(f"{self.url} did not answer within {self._timeout:g} s "
+                              "(--request-timeout sets the wait)") from exc
         except httpx.HTTPError as exc:  # refused, no such host, TLS, a broken connection
             raise RemoteError(_transport_problem(self.url, exc)) from exc
         if response.status_code == 204:

@@ -129,7 +129,8 @@ def _check_question(loc: tuple[Any, ...], question: dict[str, Any], problems: li
         else:
             for key in criteria:
                 if key not in ("true", "false"):
-                    problems.append(problem((*where, key), "only \"true\" and \"false\" are allowed", "extra_forbidden"))
+                    problems.append(problem((*where, key), "only \"true\" and \"false\" are allowed",
+                                            "extra_forbidden"))
 
 
 def _check_media(body: dict[str, Any], problems: list[dict[str, Any]]) -> tuple[tuple[str, ...], bool]:

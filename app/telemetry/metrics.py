@@ -98,9 +98,10 @@ class Metrics:
             registry=self.registry)
         # Read at scrape time from what the registry last read of the services (components.py).
         self.service_up = ServiceUp(registry=self.registry)
-        self.overhead = LoopHistogram("arbiter_gateway_overhead_seconds",
-                                      "Time a request spent in the gateway itself (total minus waiting on the backend).",
-                                      ["gen_ai_operation_name"], buckets=OVERHEAD_BUCKETS, registry=self.registry)
+        self.overhead = LoopHistogram(
+            "arbiter_gateway_overhead_seconds",
+            "Time a request spent in the gateway itself (total minus waiting on the backend).",
+            ["gen_ai_operation_name"], buckets=OVERHEAD_BUCKETS, registry=self.registry)
 
     def observe(self, record: RequestRecord) -> None:
         """A finished decision or chat request (the HTTP counters are the middleware's)."""

@@ -74,7 +74,8 @@ def tokens(rows: list[dict[str, Any]], buckets: list[str], *, hourly: bool) -> C
     """Tokens (input and output) per bucket, stacked by model: ``rows`` as ``usage_report.series``."""
     models = sorted({row["model"] for row in rows})
     css = {name: f"series-{i % PALETTE_SIZE}" for i, name in enumerate(models)}
-    values = _per_bucket(rows, buckets, lambda row: {row["model"]: int(row["input_tokens"]) + int(row["output_tokens"])})
+    values = _per_bucket(rows, buckets,
+                         lambda row: {row["model"]: int(row["input_tokens"]) + int(row["output_tokens"])})
     chart = _stacked(_Frame(buckets, hourly), values, models, css, _short,
                      lambda bucket, name, value: f"{bucket} {name}: {_count(value)} tokens")
     for item in chart.legend:
@@ -103,7 +104,8 @@ def latency(bins: dict[str, list[tuple[int, int, float, float]]], buckets: list[
     found = {name: percentiles(bins.get(name, ()), tuple(q for _, q in LINES)) for name in buckets}
     peak = max((value for p in found.values() if p for value in p.values()), default=0.0)
     top = _nice_float(peak)
-    chart = Chart(labels=frame.labels(), ticks=_ticks(top, _ms), total=sum(n for b in bins.values() for _, n, _, _ in b))
+    chart = Chart(labels=frame.labels(), ticks=_ticks(top, _ms),
+                  total=sum(n for b in bins.values() for _, n, _, _ in b))
     for css, q in LINES:
         segment: list[str] = []
         for i, name in enumerate(buckets):
@@ -116,7 +118,8 @@ def latency(bins: dict[str, list[tuple[int, int, float, float]]], buckets: list[
             segment.append(f"{x},{y}")
             count = sum(n for _, n, _, _ in bins[name])
             chart.dots.append({"css": f"line-{css}", "x": x, "y": y,
-                               "title": f"{name}: {css} {_ms(values[q])} ({_count(count)} request{'s' if count != 1 else ''})"})
+                               "title": f"{name}: {css} {_ms(values[q])} "
+                                        f"({_count(count)} request{'s' if count != 1 else ''})"})
         _end(chart, css, segment)
     overall = percentiles((entry for b in bins.values() for entry in b), tuple(q for _, q in LINES))
     chart.legend = [{"css": f"line-{css}", "name": css, "value": overall[q] if overall else None,

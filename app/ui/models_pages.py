@@ -36,9 +36,9 @@ from app.ui.web import (
 )
 
 router = APIRouter(route_class=UiRoute)
-NOTICES = {"registered": "Model registered; its card is below.", "installed": "Model installed; its card is below.", "cancelled": "Install cancelled.",
-           "removed": "Model removed.", "renamed": "Model changed.", "alias-added": "Alias added.",
-           "alias-removed": "Alias removed."}
+NOTICES = {"registered": "Model registered; its card is below.", "installed": "Model installed; its card is below.",
+           "cancelled": "Install cancelled.", "removed": "Model removed.", "renamed": "Model changed.",
+           "alias-added": "Alias added.", "alias-removed": "Alias removed."}
 CAPABILITY_CHOICES = sorted(catalog.CAPABILITIES)
 
 

@@ -93,7 +93,8 @@ async def add(request: Request) -> Response:
         if is_mesh_warning(exc):
             # The API key is not sent back either: the admin types it again above "Add anyway".
             return await _list(request, admin, status=409, values=values, warning=mesh_warning(
-                exc, "/ui/services", "Add anyway", "/ui/services", values, secret="api_key" if form.get("api_key") else ""))
+                exc, "/ui/services", "Add anyway", "/ui/services", values,
+                secret="api_key" if form.get("api_key") else ""))
         return await _list(request, admin, status=400, error=message(exc), values=values)
     await c.changed_models()
     return redirect("/ui/services?done=added")

@@ -86,7 +86,8 @@ def test_a_head_over_the_cap_after_a_pipelined_request_is_refused_after_its_answ
     answer = exchange(stack, first + second, chunk=len(first + second))
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
     head, _, rest = answer.partition(b"\r\n\r\n")
-    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length")))
     assert json.loads(rest[:length])["model"] == "nimble"
     status, headers, _ = split(rest[length:])
     assert status == 431 and headers["connection"] == "close"

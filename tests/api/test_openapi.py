@@ -198,7 +198,8 @@ class Walk:
         schema = content.get(kind, {}).get("schema")
         if schema and kind == "application/json":
             validator = Draft202012Validator({**strict(schema), "components": self.components})
-            problems = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(response.json())]
+            problems = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+                        for e in validator.iter_errors(response.json())]
             assert not problems, (op, code, problems[:5], response.text[:2000])
 
     def close(self) -> None:

@@ -87,7 +87,8 @@ def test_instructions_are_summed_per_thread_across_dumps(tmp_path: Path) -> None
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 def test_instructions_counts_a_server_under_callgrind() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "instructions.py"), "--targets", "direct",
-                           "--requests", "20", "--warmup", "20"], check=False, capture_output=True, text=True, timeout=300)
+                           "--requests", "20", "--warmup", "20"],
+                          check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     row = next(line for line in done.stdout.splitlines() if line.startswith("direct "))
     loop = float(row.split()[1])

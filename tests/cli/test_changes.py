@@ -79,7 +79,8 @@ def test_project_keys_created_rotated_and_revoked(cli: Run, stack: Stack, mode: 
             assert tenant.post("/v1/systemone", json=decision()).status_code == 401
     actions = [e for e in audit(stack) if e["action"] in ("project_key.create", "key.rotate", "key.revoke")
                and e["id"] > before]
-    assert len(actions) == 4 and all(e["actor"].startswith(actor_of(mode)) for e in actions)  # created, rotated (and its successor created), revoked
+    # created, rotated (and its successor created), revoked
+    assert len(actions) == 4 and all(e["actor"].startswith(actor_of(mode)) for e in actions)
 
 
 def test_admin_keys_created_rotated_and_revoked(cli: Run, stack: Stack, mode: str) -> None:

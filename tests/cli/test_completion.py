@@ -14,7 +14,8 @@ from app.cli.completion import script
 from tests.cli.conftest import Run
 
 BASH = """source {script}
-comp() {{ COMP_WORDS=("$@"); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); COMPREPLY=(); _arbiter; echo "${{COMPREPLY[*]}}"; }}
+comp() {{ COMP_WORDS=("$@"); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); COMPREPLY=(); \
+_arbiter; echo "${{COMPREPLY[*]}}"; }}
 """
 # The shell's own completion functions stand in for zsh's completion system: each prints what it was given.
 ZSH = """compdef() {{ :; }}

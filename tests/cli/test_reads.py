@@ -95,7 +95,8 @@ def test_service_status_shows_each_service_with_its_models(cli: Run, stack: Stac
 
 def test_an_organization_name_with_a_slash_reads_in_both_modes(cli: Run, stack: Stack) -> None:
     assert cli("remote", "organization", "create", "emea/sales").code == 0
-    local, remote = cli("local", "organization", "show", "emea/sales"), cli("remote", "organization", "show", "emea/sales")
+    local = cli("local", "organization", "show", "emea/sales")
+    remote = cli("remote", "organization", "show", "emea/sales")
     assert local.out == remote.out and "emea/sales" in remote.out
     with stack.client("admin") as admin:
         assert body(admin.get(f"/admin/organizations/{quote('emea/sales', safe='')}"), 200)["name"] == "emea/sales"

@@ -153,11 +153,13 @@ def test_0010_adds_ui_sessions_and_the_callers_request_id_and_comes_off_again(fr
             add_audit(connection)  # a row of the previous release, inserted without the new column
         command.upgrade(config, "0010")
         assert "ui_sessions" in inspect(engine).get_table_names()
-        assert {"digest", "key_id", "created_at", "last_seen_at", "expires_at", "ended_at"} <= columns(engine, "ui_sessions")
+        session_columns = {"digest", "key_id", "created_at", "last_seen_at", "expires_at", "ended_at"}
+        assert session_columns <= columns(engine, "ui_sessions")
         assert "client_request_id" in columns(engine, "audit_log")
         with engine.begin() as connection:
             add_audit(connection)  # the previous release still inserts
-            assert connection.execute(text("SELECT count(*) FROM audit_log WHERE client_request_id IS NULL")).scalar() == 2
+            assert connection.execute(text("SELECT count(*) FROM audit_log "
+                                           "WHERE client_request_id IS NULL")).scalar() == 2
         command.downgrade(config, "0009")
         assert "ui_sessions" not in inspect(engine).get_table_names()
         assert "client_request_id" not in columns(engine, "audit_log")

@@ -58,8 +58,10 @@ def test_the_floor_never_exceeds_the_text(members: dict[str, Any], media_members
 numbers = st.from_regex(r"-?(0|[1-9][0-9]{0,24})(\.[0-9]{1,6})?([eE][+-]?[0-9]{1,3})?", fullmatch=True).map(
     lambda text: orjson.Fragment(text.encode()))
 structured = st.recursive(st.none() | st.booleans() | st.floats(allow_nan=False, allow_infinity=False) | numbers
-                          | st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12), lambda inner: st.lists(inner, max_size=4)
-                          | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=16)
+                          | st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=12),
+                          lambda inner: (st.lists(inner, max_size=4)
+                                         | st.dictionaries(st.text(max_size=6), inner, max_size=4)),
+                          max_leaves=16)
 options = st.dictionaries(st.text(min_size=1, max_size=6), structured, min_size=1, max_size=4)
 questions = st.one_of(
     st.fixed_dictionaries({"type": st.just("choice"), "criteria": options}, optional={"instructions": structured}),

@@ -272,8 +272,10 @@ def test_autoscaling_on_means_no_replicas_field(chart: Any) -> None:
     off = render(chart, merged(REQUIRED, {"replicaCount": 4}))
     assert off.one("Deployment")["spec"]["replicas"] == 4
     assert not off.all("HorizontalPodAutoscaler")
-    memory = render(chart, merged(REQUIRED, {"autoscaling": {"enabled": True, "targetMemoryUtilizationPercentage": 80}}))
-    assert [m["resource"]["name"] for m in memory.one("HorizontalPodAutoscaler")["spec"]["metrics"]] == ["cpu", "memory"]
+    memory = render(chart, merged(REQUIRED, {"autoscaling": {"enabled": True,
+                                                             "targetMemoryUtilizationPercentage": 80}}))
+    assert [m["resource"]["name"] for m in memory.one("HorizontalPodAutoscaler")["spec"]["metrics"]] == [
+        "cpu", "memory"]
 
 
 def test_secrets_given_as_values_reach_the_pods_through_the_charts_secret(chart: Any) -> None:
@@ -300,7 +302,8 @@ def test_existing_secrets_are_referenced_never_copied(chart: Any) -> None:
     (migrate,) = pod(rendered.one("Job"))["containers"]
     assert secret_ref(migrate, "ARBITER_DATABASE_URL") == ("pg-app", "uri")
     # A mix: the database from a Secret of its own, the keys as values.
-    mixed = render(chart, merged(REQUIRED, {"database": {"url": "", "existingSecret": {"name": "pg-app", "key": "uri"}}}))
+    mixed = render(chart, merged(REQUIRED, {"database": {"url": "",
+                                                         "existingSecret": {"name": "pg-app", "key": "uri"}}}))
     assert set(secret_data(mixed.one("Secret"))) == {"ARBITER_SECRET_KEY", "ARBITER_KEY_PEPPER"}
     assert secret_ref(server(mixed), "ARBITER_DATABASE_URL") == ("pg-app", "uri")
     assert "ARBITER_REDIS_URL" not in env(server(mixed)), "no Redis given: none set"
@@ -369,8 +372,8 @@ def test_ingress(chart: Any) -> None:
     (rule,) = ingress["spec"]["rules"]
     assert rule["host"] == "arbiter.example.org"
     (path,) = rule["http"]["paths"]
-    assert path["backend"]["service"] == {"name": rendered.one("Service", ingress["metadata"]["name"])["metadata"]["name"],
-                                          "port": {"name": "http"}}
+    assert path["backend"]["service"] == {
+        "name": rendered.one("Service", ingress["metadata"]["name"])["metadata"]["name"], "port": {"name": "http"}}
     assert "https://arbiter.example.org/" in rendered.notes
     assert not render(chart, REQUIRED).all("Ingress")
 
@@ -480,12 +483,15 @@ def test_notes_say_what_to_do_next_and_warn(chart: Any) -> None:
     ({k: v for k, v in REQUIRED.items() if k != "database"}, "database is required"),
     ({k: v for k, v in REQUIRED.items() if k != "secretKey"}, "secretKey is required"),
     ({k: v for k, v in REQUIRED.items() if k != "pepper"}, "pepper is required"),
-    (merged(REQUIRED, {"database": {"existingSecret": {"name": "pg"}}}), "database.url or database.existingSecret.name, not both"),
+    (merged(REQUIRED, {"database": {"existingSecret": {"name": "pg"}}}),
+     "database.url or database.existingSecret.name, not both"),
     (merged(REQUIRED, {"database": {"url": "sqlite:////data/arbiter.db"}}), "database.url must be a PostgreSQL URL"),
     (merged(REQUIRED, {"redis": {"url": "http://redis:6379"}}), "redis.url must be a Redis URL"),
     (merged(REQUIRED, {"secretKey": {"value": "too-short-0123456789"}}), "secretKey.value is too short"),
-    (merged(REQUIRED, {"pepper": {"value": "CHANGE-ME-CHANGE-ME-CHANGE-ME-CHANGE-ME"}}), "pepper is still a CHANGE-ME placeholder"),
-    (merged(REQUIRED, {"bootstrapAdminKey": {"value": "not-an-admin-key-at-all-0123456789"}}), "bootstrapAdminKey.value must be an admin key"),
+    (merged(REQUIRED, {"pepper": {"value": "CHANGE-ME-CHANGE-ME-CHANGE-ME-CHANGE-ME"}}),
+     "pepper is still a CHANGE-ME placeholder"),
+    (merged(REQUIRED, {"bootstrapAdminKey": {"value": "not-an-admin-key-at-all-0123456789"}}),
+     "bootstrapAdminKey.value must be an admin key"),
     (merged(REQUIRED, {"config": {"ARBITER_SECRET_KEY": SECRET_KEY}}), "config.ARBITER_SECRET_KEY"),
     (merged(REQUIRED, {"config": {"ARBITER_USAGE_SPOOL_DIR": "/tmp"}}), "config.ARBITER_USAGE_SPOOL_DIR"),
     (merged(REQUIRED, {"podDisruptionBudget": {"minAvailable": 1}}), "minAvailable or maxUnavailable, not both"),

@@ -150,8 +150,8 @@ def test_the_readme_demo_command_gets_a_decision(tmp_path: Path, run_name: str) 
     admin key it prints signs in to the web UI; a SIGTERM to it stops its server too."""
     backend, model_variable, model, packages = DEMO_RUNS[run_name]
     if not installed(*packages):
-        pytest.skip(f"{', '.join(packages)} not installed here: the demo would install them "
-                    f"({'pip install arbiter[local] compiles llama.cpp' if run_name == 'smollm2' else 'arbiter[embed]'})")
+        install_note = "pip install arbiter[local] compiles llama.cpp" if run_name == "smollm2" else "arbiter[embed]"
+        pytest.skip(f"{', '.join(packages)} not installed here: the demo would install them ({install_note})")
     demo = Demo(tmp_path, ARBITER_DEMO_BACKEND=backend, ARBITER_DEMO_MODEL=model_variable)
     try:
         demo.ready()

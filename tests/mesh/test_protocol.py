@@ -48,8 +48,8 @@ def test_a_newer_peers_unknown_types_and_fields_are_skipped_one_by_one(caplog: p
 def test_a_models_timeout_and_legacy_flag_are_read_when_valid(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="arbiter.mesh")
     entries = [{"name": name, "type": "ollama", "capabilities": ["decision"], **extra} for name, extra in (
-        ("given", {"timeout": 30, "legacy": True}), ("absent", {}), ("text", {"timeout": "30"}), ("zero", {"timeout": 0}),
-        ("flag", {"timeout": True}))]
+        ("given", {"timeout": 30, "legacy": True}), ("absent", {}), ("text", {"timeout": "30"}),
+        ("zero", {"timeout": 0}), ("flag", {"timeout": True}))]
     read = Reader().read(_announcement(models=entries))
     assert [(m.name, m.timeout, m.legacy) for m in read.models] == [
         ("given", 30.0, True), ("absent", None, False), ("text", None, False), ("zero", None, False),

@@ -51,4 +51,5 @@ def test_not_json_is_untouched() -> None:
 
 def test_token_counts_past_the_bigint_range_are_unknown() -> None:
     assert token_count(2**63 - 1) == 2**63 - 1
-    assert token_count(2**63) is None and token_count(-1) is None and token_count(True) is None and token_count(1.0) is None
+    assert (token_count(2**63) is None and token_count(-1) is None and token_count(True) is None
+            and token_count(1.0) is None)

@@ -22,9 +22,10 @@ from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
 from tests.support import Gateway, Stack, assert_error, body, decide, public_models, wait_for
 
+# Only 0.35.0's own pre-releases are older.
 VERSIONS = [("0.34.9", False), ("0.35.0", True), ("0.35.1", True), ("0.40.4", True),
             ("0.35.0-rc1", False), ("0.0.0", False), ("junk", False),
-            ("0.36.0-rc1", True), ("0.35.1-rc0", True), ("0.35.0+build", True)]  # only 0.35.0's own pre-releases are older
+            ("0.36.0-rc1", True), ("0.35.1-rc0", True), ("0.35.0+build", True)]
 
 
 def gate(version: str) -> str:

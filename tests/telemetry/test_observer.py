@@ -181,7 +181,8 @@ def slow_bookkeeping(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def durations(text: str) -> float:
     return sum(value for (name, labels), value in samples(text).items()
-               if name == "gen_ai_client_operation_duration_seconds_count" and ("gen_ai_request_model", "nimble") in labels)
+               if name == "gen_ai_client_operation_duration_seconds_count"
+               and ("gen_ai_request_model", "nimble") in labels)
 
 
 def test_each_request_books_the_one_before_it(slow_bookkeeping: Any, stack: Stack) -> None:

@@ -19,7 +19,8 @@ from tests.support import Gateway, Stack, decision
 
 
 @pytest.fixture
-def traced(stack: Stack, gateway_factory: Callable[..., Gateway]) -> Callable[..., tuple[Gateway, InMemorySpanExporter]]:
+def traced(stack: Stack,
+           gateway_factory: Callable[..., Gateway]) -> Callable[..., tuple[Gateway, InMemorySpanExporter]]:
     def make(**settings: Any) -> tuple[Gateway, InMemorySpanExporter]:
         exporter = InMemorySpanExporter()
         provider = TracerProvider()

@@ -91,7 +91,8 @@ def test_latency_percentiles_come_within_a_bin_of_the_exact_ones(db: Database) -
 
 
 def test_percentiles_of_a_merged_histogram_match_the_whole_period(db: Database) -> None:
-    values = [0.05, 0.5, 3.0, 3.0, 40.0, 40.5, 41.0, 900.0, 12_000.0, 2_000_000.0]  # under the first edge, past the last
+    # under the first edge, past the last
+    values = [0.05, 0.5, 3.0, 3.0, 40.0, 40.5, 41.0, 900.0, 12_000.0, 2_000_000.0]
     ids = provision(db)
     store(db, [record(NOW - dt.timedelta(days=i % 3), ids["acme"], latency=v) for i, v in enumerate(values)])
     bins = read(db, lambda s: usage_report.latency_bins(s, WEEK))

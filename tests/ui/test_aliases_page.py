@@ -28,7 +28,8 @@ def test_add_list_and_remove_an_alias(stack: Stack) -> None:
         gone = ui.post("/ui/models/aliases/remove", data={"csrf": token, "alias": "jev-latest"})
         assert gone.status_code == 400 and "does not exist" in gone.text
     with stack.client("admin") as admin:
-        actions = [e["action"] for e in body(admin.get("/admin/audit"), 200)["data"] if e["action"].startswith("alias.")]
+        actions = [e["action"] for e in body(admin.get("/admin/audit"), 200)["data"]
+                   if e["action"].startswith("alias.")]
     assert actions == ["alias.remove", "alias.create"]
 
 

@@ -35,7 +35,8 @@ def rows(page: httpx.Response) -> list[str]:
 
 def actions(page: httpx.Response) -> list[str]:
     assert page.status_code == 200, page.text
-    return [html.unescape(a) for a in re.findall(r'<td data-label="Action"><a [^>]*><code>([^<]+)</code></a></td>', page.text)]
+    return [html.unescape(a)
+            for a in re.findall(r'<td data-label="Action"><a [^>]*><code>([^<]+)</code></a></td>', page.text)]
 
 
 def test_details_read_as_key_value_with_json_for_what_is_not_text(ui: httpx.Client, stack: Stack) -> None:
@@ -94,7 +95,8 @@ def test_paging_keeps_the_filters(ui: httpx.Client, stack: Stack) -> None:
     assert [row.split("project:")[1].split()[0] for row in rows(second)] == [
         "bulk-004", "bulk-003", "bulk-002", "bulk-001", "bulk-000"]
     assert not OLDER.search(second.text)
-    assert '<a class="button secondary" href="/ui/audit?action=project.create&amp;target=bulk">Newest</a>' in second.text
+    assert ('<a class="button secondary" href="/ui/audit?action=project.create&amp;target=bulk">Newest</a>'
+            in second.text)
 
 
 @pytest.mark.parametrize(("params", "expected"), [

@@ -67,11 +67,12 @@ def test_adding_one_and_bad_input_beside_its_form(ui: httpx.Client, stack: Stack
     added = post(ui, "/ui/organizations", name="globex")
     assert added.status_code == 303 and ">globex</h2>" in ui.get("/ui/organizations").text
     default, globex = org_id(stack, "default"), org_id(stack, "globex")
+    rename, globex_form = f"/ui/organizations/{globex}/rename", f"org-{globex}"
     cases = [
-        (f"/ui/organizations/{globex}/rename", {"name": "default"}, f"org-{globex}", "organization 'default' already exists"),
-        (f"/ui/organizations/{globex}/rename", {"name": ""}, f"org-{globex}", "Name: String should have at least 1 character"),
-        (f"/ui/organizations/{globex}/rename", {"name": "x" * 201}, f"org-{globex}", "at most 200 characters"),
-        (f"/ui/organizations/{globex}/rename", {"name": "a\x00b"}, f"org-{globex}", "Name: must not contain control characters"),
+        (rename, {"name": "default"}, globex_form, "organization 'default' already exists"),
+        (rename, {"name": ""}, globex_form, "Name: String should have at least 1 character"),
+        (rename, {"name": "x" * 201}, globex_form, "at most 200 characters"),
+        (rename, {"name": "a\x00b"}, globex_form, "Name: must not contain control characters"),
         ("/ui/organizations/999/rename", {"name": "new"}, "org-999", "does not exist any more"),
         ("/ui/organizations", {"name": "globex"}, "add-organization", "organization 'globex' already exists"),
         ("/ui/organizations", {"name": ""}, "add-organization", "Name: String should have at least 1 character"),

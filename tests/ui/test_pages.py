@@ -166,7 +166,8 @@ def test_projects_allowlists_limits_and_keys(ui: httpx.Client, stack: Stack) -> 
     text = ui.get(page).text
     assert "&lt;img src=x onerror=alert(1)&gt;" in text and "<img src=x" not in text  # autoescaped
     with stack.client("admin") as admin:
-        project = next(p for p in admin.get("/admin/projects").json()["data"] if p["name"] == "<img src=x onerror=alert(1)>")
+        project = next(p for p in admin.get("/admin/projects").json()["data"]
+                       if p["name"] == "<img src=x onerror=alert(1)>")
     assert project["models"] == ["clef", "nimble", "other"]
     limits = post(ui, f"{page}/limits", page, requests_per_minute="-1")
     assert limits.status_code == 400 and "Requests per minute: Input should be" in alerts(limits)["limits"]

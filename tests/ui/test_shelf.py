@@ -57,7 +57,8 @@ def test_through_redis_another_replica_shows_it_and_it_is_sealed(spent: NonceSto
 
 def test_with_a_secret_and_no_redis_the_browser_carries_it_sealed(spent: NonceStore) -> None:
     async def walk() -> None:
-        one, two, foreign = KeyShelf(spent, None, "s" * 32), KeyShelf(spent, None, "s" * 32), KeyShelf(spent, None, "t" * 32)
+        one, two = KeyShelf(spent, None, "s" * 32), KeyShelf(spent, None, "s" * 32)
+        foreign = KeyShelf(spent, None, "t" * 32)
         carried = await one.put(MINE, 3, VIEW)
         assert carried is not None and "arb_proj_secret" not in carried
         assert await two.take(MINE, 3, carried) == VIEW  # another replica with the same secret

@@ -100,7 +100,8 @@ def test_the_charts_and_the_drill_down(page: Any, stack: Stack, shots: Shots, tm
     assert row.locator("td").nth(3).inner_text() == "160"
     row.get_by_role("link", name=re.compile("Requests with key")).click()
     page.wait_for_url(re.compile(rf".*key={key_id}.*"))
-    assert page.locator("table.requests tbody tr").count() == 50 and page.get_by_role("link", name="Older requests").count() == 1
+    assert (page.locator("table.requests tbody tr").count() == 50
+            and page.get_by_role("link", name="Older requests").count() == 1)
 
 
 def test_the_usage_pages_fit_a_phone(browser: Any, stack: Stack, shots: Shots) -> None:

@@ -170,7 +170,8 @@ def _first_vector(data: dict[str, Any]) -> list[float] | None:
         vectors = data["embeddings"]
     else:
         items = data.get("data")
-        vectors = [i.get("embedding") if isinstance(i, dict) else None for i in items] if isinstance(items, list) else None
+        vectors = ([i.get("embedding") if isinstance(i, dict) else None for i in items]
+                   if isinstance(items, list) else None)
     first = vectors[0] if isinstance(vectors, list) and vectors else None
     if not isinstance(first, list) or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in first):
         return None

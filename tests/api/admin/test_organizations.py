@@ -66,7 +66,8 @@ def test_a_rename_to_its_own_name_changes_nothing(stack: Stack) -> None:
 def test_a_taken_name_is_a_conflict(stack: Stack) -> None:
     with stack.client("admin") as admin:
         body(admin.post("/admin/organizations", json={"name": "initech"}), 201)
-        error = assert_error(admin.patch("/admin/organizations/default", json={"name": "initech"}), 409, "conflict_error")
+        error = assert_error(admin.patch("/admin/organizations/default", json={"name": "initech"}),
+                             409, "conflict_error")
         assert "initech" in error["error"]
         assert [o["name"] for o in body(admin.get("/admin/organizations"), 200)["data"]] == ["default", "initech"]
 

@@ -180,7 +180,8 @@ def backed_off(stack: Stack, body: dict[str, Any] | None = None) -> bool:
     return True
 
 
-def test_a_backend_that_stalls_mid_answer_is_504_and_backed_off(db: Database, gateway_factory: Callable[..., Gateway]) -> None:
+def test_a_backend_that_stalls_mid_answer_is_504_and_backed_off(db: Database,
+                                                                  gateway_factory: Callable[..., Gateway]) -> None:
     backend = SlowChat(delay=3.0)
     with EmulatorServer(backend.app()) as server:
         stack = Stack.provision(db, ollama_url=server.url)
@@ -283,7 +284,8 @@ def two(stack: Stack, gateway_factory: Callable[..., Gateway]) -> Iterator[tuple
         server.stop()
 
 
-@pytest.mark.parametrize("overloaded", [0, 1])  # which replica answers 503: tried first in one case, second in the other
+# Which replica answers 503: tried first in one case, second in the other.
+@pytest.mark.parametrize("overloaded", [0, 1])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat", "/v1/systemone"])
 def test_a_replicas_own_503_beats_the_other_replicas_connection_error(
         two: tuple[Stack, list[OllamaState]], path: str, overloaded: int) -> None:

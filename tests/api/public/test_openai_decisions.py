@@ -111,7 +111,8 @@ def test_input_messages_and_text_parts_are_one_state(stack: Stack) -> None:
     messages = [{"role": "user", "content": "Part one."},
                 {"type": "message", "role": "user",
                  "content": [{"type": "input_text", "text": "Part two."},
-                             {"type": "input_text", "text": "Part three.", "prompt_cache_breakpoint": {"mode": "explicit"}}]}]
+                             {"type": "input_text", "text": "Part three.",
+                              "prompt_cache_breakpoint": {"mode": "explicit"}}]}]
     from_messages = create(stack, input=messages)
     # Messages apart by a blank line, a message's parts by "\n", as vLLM's adapters.input_text.
     from_text = create(stack, input="Part one.\n\nPart two.\nPart three.")

@@ -68,7 +68,8 @@ def test_logprob_token_ids_are_the_sampled_token_and_exactly_those_ids(vllm_clie
     vllm.label_space_share = 0.5
     spaced = [token_id(" A"), token_id(" B"), token_id(" C")]
     first = _first(vllm_client.post("/v1/chat/completions",
-                                    json=_read(top_logprobs=1, logprob_token_ids=[*spaced, *ABC], allowed_token_ids=ABC)))
+                                    json=_read(top_logprobs=1, logprob_token_ids=[*spaced, *ABC],
+                                               allowed_token_ids=ABC)))
     assert "logprob_token_ids" not in first and "token_id" not in first["top_logprobs"][0]
     assert first["token"] in ("A", "B", "C")  # allowed_token_ids masks the generated token
     # sampler.py prefers logprob_token_ids over top-k: the sampled token, then every id asked for
@@ -204,6 +205,7 @@ def test_vllms_own_label_questions_are_read(vllm_client: httpx.Client, prompt: s
     # question_types.py writes these prompts; the emulator's model answers them with their labels
     body = {"model": MODEL, "max_tokens": 1, "temperature": 0, "logprobs": True, "top_logprobs": 20,
             "messages": [{"role": "user", "content": prompt}]}
-    top = {e["token"]: e["logprob"] for e in _first(vllm_client.post("/v1/chat/completions", json=body))["top_logprobs"]}
+    top = {e["token"]: e["logprob"]
+           for e in _first(vllm_client.post("/v1/chat/completions", json=body))["top_logprobs"]}
     for label, p in zip(labels, distribution(prompt, qtype, None, labels).probs):
         assert math.exp(top[label]) == pytest.approx(0.9 * p)

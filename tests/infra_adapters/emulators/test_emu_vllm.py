@@ -208,7 +208,8 @@ def test_media_the_model_does_not_take(vllm_client: httpx.Client, vllm: VllmStat
     ({"type": "score", "criteria": [str(i) for i in range(11)]}, "question 'q': at most 10 options for this model"),
     ({"type": "score", "criteria": ["a", "a"]}, "question 'q': duplicate option names"),
     ({"type": "vote", "criteria": None}, "unknown question type 'vote'; supported: ['choice', 'noul', 'score']"),
-    ({"type": "noul", "criteria": {"maybe": None}}, "question 'q': noul criteria must be an object with true and false"),
+    ({"type": "noul", "criteria": {"maybe": None}},
+     "question 'q': noul criteria must be an object with true and false"),
     ({"type": "noul", "criteria": "x"}, "question 'q': noul criteria must be an object with true and false"),
 ])
 def test_question_type_refusals(vllm_client: httpx.Client, question: dict[str, Any], message: str) -> None:
@@ -219,7 +220,8 @@ def test_question_counts_and_ids(vllm_client: httpx.Client) -> None:
     _refused(_post(vllm_client, {"model": MODEL, "state": "s", "questions": {}}),
              "questions: needs at least one question")
     many = {str(i): {"type": "noul"} for i in range(65)}
-    _refused(_post(vllm_client, {"model": MODEL, "state": "s", "questions": many}), "questions: at most 64 for this model")
+    _refused(_post(vllm_client, {"model": MODEL, "state": "s", "questions": many}),
+             "questions: at most 64 for this model")
     _refused(_post(vllm_client, {"model": MODEL, "state": "s", "questions": {"": {"type": "noul"}}}),
              "question ids must be non-empty")
 

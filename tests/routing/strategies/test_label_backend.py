@@ -82,7 +82,8 @@ def test_a_vllm_generation_model_answers_by_label_reading(vllm_stack: Stack) -> 
         assert [m["role"] for m in read["messages"]] == ["user"]  # the reply is the model's: no prefill
         assert read["cache_salt"] == salt and read["return_tokens_as_token_ids"] is True
         assert "allowed_token_ids" not in read  # no mask: the sampled token is the true argmax
-    choice = next(r for r in reads if "\nA: billing - payments and refunds\nB: shipping\n" in r["messages"][0]["content"])
+    choice = next(r for r in reads
+                  if "\nA: billing - payments and refunds\nB: shipping\n" in r["messages"][0]["content"])
     both = [token_id("A"), token_id(" A"), token_id("B"), token_id(" B")]  # each label, then its " X" spelling
     assert choice["logprob_token_ids"] == both
 
