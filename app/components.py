@@ -35,6 +35,7 @@ from app.tenancy.keycache import KeyCache
 from app.tenancy.limits import LocalStore, RateLimiter, RedisStore
 from app.tenancy.throttle import FailureThrottle, LocalFailures, RedisFailures
 from app.tenancy.touches import KeyTouches
+from infra_adapters.admin import AdminClient
 
 TASKS_STOP_TIMEOUT = 5.0  # seconds for the background tasks to end once cancelled
 log = logging.getLogger("arbiter")
@@ -66,8 +67,11 @@ class Components:
         self.forwarder = Forwarder(self.registry, self.router, settings, self.tracing, self.limiter)
         self.chat = ChatForwarder(self.registry, self.router, settings, self.limiter, self.tracing)
         self.mesh = Mesh(settings, self.registry, self.database, self.redis)
-        self.sync = SyncLoop(self.database, settings, self.changed_models)
-        self.installer = Installer(self.database, settings, self.changed_models)
+        # Every admin call to a backend (versions, model lists, removals) on one pooled client.
+        self.admin = AdminClient(timeout=settings.backend_admin_timeout,
+                                 connect_timeout=settings.backend_connect_timeout)
+        self.sync = SyncLoop(self.database, settings, self.changed_models, self.admin)
+        self.installer = Installer(self.database, settings, self.changed_models, self.admin)
         self.touches = KeyTouches(self.database)
         spool_dir = _spool_dir(settings)
         self.ledger = UsageLedger(self.database, on_dropped=self.metrics.usage_dropped.inc,
@@ -118,7 +122,6 @@ class Components:
 
     async def stop(self) -> None:
         """Each step on its own: one failing (the database away) must not skip the others."""
-        self.sync.stop()
         # A task that swallowed its cancel (a library turning it into an error of its own) goes on
         # to its next wait, minutes away: a second cancel reaches it there. One that outlives
         # that is left behind, and the shutdown goes on (the usage records still get written).
@@ -138,9 +141,9 @@ class Components:
         steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
             ("mesh", self.mesh.stop),
             ("installs", self.installer.aclose),
-            # A sync under way gives up its backend call and stops (the wait is a bound), then the lease goes.
-            ("sync", lambda: asyncio.to_thread(self.sync.wait_idle, self.settings.backend_admin_timeout + 1.0)),
+            # The sync's task was cancelled with the others (its backend call given up): its lease goes.
             ("sync lease", lambda: asyncio.to_thread(self.sync.release)),
+            ("admin calls", self.admin.aclose),
             ("key touches", self.touches.flush),
             ("usage", self._close_ledger),
             ("backends", self.registry.aclose),

@@ -19,6 +19,7 @@ Prints, asserts nothing.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
 import importlib.util
 import json
@@ -42,6 +43,7 @@ from app.db.session import Database
 from app.main import create_app
 from app.routing.strategies import embeddings
 from app.services import service as services
+from app.services import sync
 from app.settings import Settings
 from app.tenancy import service as tenancy
 from app.tenancy.keys import KeyHasher
@@ -102,9 +104,9 @@ def start(url: str, calibration: str) -> tuple[Any, threading.Thread, int, str, 
     database = Database(db_url)
     actor = Actor("script:labels-accuracy", None)
     settings = Settings(database_url=db_url, label_calibration=calibration)
+    service = asyncio.run(services.add_service(database.in_session, settings, None, actor, type="local", url=url,
+                                               name="local", then=sync.itself))
     with database.session() as session:
-        service = services.add_service(session, settings, actor, type="local", url=url, name="local")
-        session.flush()
         model, service_row = services.all_models(session)[0]
         strategy = services.read_strategy_of(model, service_row) or "native"
         tenancy.create_project(session, "accuracy", actor, models="all")

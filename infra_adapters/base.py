@@ -1,8 +1,10 @@
 """The interface every backend adapter implements, and the errors it raises.
 
 An adapter knows HTTP and one backend's protocol; it knows nothing of tenants.
-Forwarding (the hot path) uses one pooled aiohttp session per backend; admin
-calls (version, model lists) use a short-lived httpx client.
+Forwarding (the hot path) uses one pooled client per backend (infra_adapters/h1.py,
+and an aiohttp session for streams); admin calls (version, model lists) are async
+and share one pooled httpx client, the AdminClient of the running event loop
+(infra_adapters/admin.py).
 
     BackendError
     ├── BackendUnreachable   could not connect (refused, DNS, TLS)
@@ -25,11 +27,6 @@ class BackendError(Exception):
 
 class BackendUnreachable(BackendError):
     pass
-
-
-class AdminCallAbandoned(BackendError):
-    """Its owner is stopping (the process shuts down): the call was given up, whatever the backend
-    would have answered. Says nothing about the backend."""
 
 
 class BackendBroken(BackendError):
@@ -129,10 +126,10 @@ class Backend(Protocol):
         """True when ``answer`` refuses Arbiter's own credential (a 500 ``upstream_auth_error``
         for the caller), not the request (the backend's own 401/403, passed through)."""
 
-    def read_version(self) -> str | None:
+    async def read_version(self) -> str | None:
         """The backend's version string, or None when it gives none it can read."""
 
-    def list_models(self) -> list[RemoteModel]:
+    async def list_models(self) -> list[RemoteModel]:
         """The models the backend serves, with their capabilities."""
 
     async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:

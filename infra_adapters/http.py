@@ -1,52 +1,35 @@
-"""HTTP plumbing shared by the adapters: a pooled aiohttp session for forwarding,
-httpx for admin calls (each within a total deadline); transport errors translated into the BackendError tree."""
+"""HTTP plumbing shared by the adapters: a pooled aiohttp session and the lean client
+(infra_adapters/h1.py) for forwarding; admin calls through an AdminClient (infra_adapters/admin.py:
+one pooled httpx client, each call within a total deadline); answers as they arrive in
+infra_adapters/streams.py."""
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
-import contextvars
-import functools
-import ssl
-import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
-import httpx
 import orjson
 
-from infra_adapters.base import (
-    AdminCallAbandoned,
-    BackendAuthRejected,
-    BackendBroken,
-    BackendProtocolError,
-    BackendTimeout,
-    BackendUnreachable,
-    CallOptions,
-    Reply,
-    ReplyTooLarge,
-    Stream,
-)
+from infra_adapters.admin import AdminClient, shown_url
+from infra_adapters.base import CallOptions, Reply, Stream
 from infra_adapters.h1 import H1Pool
+from infra_adapters.streams import AiohttpStream, translate_errors
 
-T = TypeVar("T")
-
-__all__ = ["AiohttpStream", "HttpBackendBase", "translate_errors"]
+__all__ = ["HttpBackendBase"]
 
 
 class HttpBackendBase:
     """Holds the URL, the credential and the pools of one backend."""
 
     kind = "http"
-    # Whether ``_post`` must send through ``open`` (a subclass that signs what ``open`` sends, as
-    # the mesh does) rather than the lean client. None: whenever ``open`` is overridden.
-    _post_through_open: bool | None = None
 
     def __init__(self, url: str, *, credential: str | None = None, connect_timeout: float = 5.0,
-                 admin_timeout: float = 10.0, pool_size: int = 256) -> None:
+                 admin_timeout: float = 10.0, pool_size: int = 256, admin: AdminClient | None = None) -> None:
+        """``admin``: the AdminClient of the running loop (the app's, a CLI command's); None makes a
+        short-lived one per admin call, so a backend never holds a pool bound to a loop gone since."""
         self.url = url.rstrip("/")
+        self.shown_url = shown_url(self.url)  # for messages: without a user and password
+        self._admin = admin
         self._credential = credential
         self._connect_timeout = connect_timeout
         self._admin_timeout = admin_timeout
@@ -69,51 +52,29 @@ class HttpBackendBase:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r}, credential={'***' if self._credential else None})"
 
-    # -- admin calls (sync, httpx) -------------------------------------------------
+    # -- admin calls (async, httpx: infra_adapters/admin.py) ----------------------------
 
     def _admin_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._credential}"} if self._credential else {}
 
-    def _admin_get(self, path: str) -> Any:
-        return self._admin_request("GET", path)
+    async def _admin_get(self, path: str) -> Any:
+        return await self._admin_request("GET", path)
 
-    def _admin_post(self, path: str, payload: dict[str, Any]) -> Any:
-        return self._admin_request("POST", path, payload)
+    async def _admin_post(self, path: str, payload: dict[str, Any]) -> Any:
+        return await self._admin_request("POST", path, payload)
 
-    def _admin_request(self, method: str, path: str, payload: dict[str, Any] | None = None, *,
-                       missing_ok: bool = False) -> Any:
-        """One admin call, answered in full within ``admin_timeout`` or BackendTimeout. httpx's own
-        timeouts are per read: a backend trickling its answer would hold the call (and the admin's
-        request) for as long as it likes. Called from worker threads (a thread that runs an event loop
-        of its own, as a test driving a browser does, has the call made on another)."""
-        calls = admin_calls.get()
-        exchange = self._admin_exchange(method, self.url + path, payload)
-        try:
-            response = _run(exchange if calls is None else calls.run(exchange))
-        except (TimeoutError, httpx.TimeoutException) as exc:
-            raise BackendTimeout(f"{self.url}{path} did not answer within {self._admin_timeout:g}s") from exc
-        except httpx.HTTPError as exc:
-            raise BackendUnreachable(f"cannot reach {self.url}: {type(exc).__name__}") from exc
-        if response.status_code in (401, 403):
-            raise BackendAuthRejected(
-                f"{self.url}{path} refused Arbiter's credential (HTTP {response.status_code}); "
-                "check the service's API key")
-        if response.status_code == 404 and missing_ok:
-            return None
-        if response.status_code != 200:
-            raise BackendProtocolError(f"{self.url}{path} answered HTTP {response.status_code}")
-        if not response.content:
-            return {}
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise BackendProtocolError(f"{self.url}{path} answered something that is not JSON") from exc
+    async def _admin_request(self, method: str, path: str, payload: dict[str, Any] | None = None, *,
+                             missing_ok: bool = False) -> Any:
+        """One admin call, answered in full within ``admin_timeout`` (AdminClient.request)."""
+        if self._admin is not None:
+            return await self._admin_call(self._admin, method, path, payload, missing_ok)
+        async with AdminClient(timeout=self._admin_timeout, connect_timeout=self._connect_timeout) as admin:
+            return await self._admin_call(admin, method, path, payload, missing_ok)
 
-    async def _admin_exchange(self, method: str, url: str, payload: dict[str, Any] | None) -> httpx.Response:
-        timeout = httpx.Timeout(self._admin_timeout, connect=min(self._connect_timeout, self._admin_timeout))
-        async with (asyncio.timeout(self._admin_timeout),
-                    httpx.AsyncClient(timeout=timeout, verify=admin_tls()) as client):
-            return await client.request(method, url, json=payload, headers=self._admin_headers())
+    async def _admin_call(self, admin: AdminClient, method: str, path: str, payload: dict[str, Any] | None,
+                          missing_ok: bool) -> Any:
+        return await admin.request(method, self.url + path, payload=payload, headers=self._admin_headers(),
+                                   timeout=self._admin_timeout, missing_ok=missing_ok, base=self.url)
 
     # -- forwarding (async, aiohttp) -----------------------------------------------
 
@@ -142,18 +103,9 @@ class HttpBackendBase:
         return headers
 
     async def _post(self, path: str, body: dict[str, Any], options: CallOptions) -> Reply:
-        """POST and read the whole answer: through the lean client (infra_adapters/h1.py), unless a
-        subclass shapes what ``open`` sends (the mesh signs it), which then keeps that path."""
-        through_open = self._post_through_open
-        if through_open is None:
-            through_open = type(self).open is not HttpBackendBase.open
-        if through_open:
-            stream = await self.open(path, body, options)
-            try:
-                return Reply(stream.status, stream.content_type, await stream.read(options.max_reply_bytes),
-                             stream.retry_after, stream.credential_refused)
-            finally:
-                await stream.close()
+        """POST and read the whole answer, through the lean client (infra_adapters/h1.py). A subclass
+        whose ``open`` reshapes chat bodies (vLLM's salt) still posts decisions here as they are; one
+        that must sign what it sends overrides this too (app/mesh/backend.py)."""
         pool = self._pool
         if pool is None:
             pool = self._pool = H1Pool(self.url, connect_timeout=self._connect_timeout, limit=self._pool_size)
@@ -183,123 +135,3 @@ class HttpBackendBase:
             self._pool.close()
         self._pool = None
 
-
-@functools.cache
-def admin_tls() -> ssl.SSLContext:
-    """The TLS context of admin calls, made once: httpx makes a new one for every client, and
-    loading the system's certificates into it costs ~20 ms of CPU, more than the call itself
-    (a service sync makes several calls; so does every admin action that reaches a backend).
-    httpx's own default (certifi's bundle, or SSL_CERT_FILE / SSL_CERT_DIR when set, read once).
-    A context is safe to share between threads and clients; httpcore sets the same ALPN list
-    (HTTP/1.1) on it at every https connection, so no HTTP/2 client may share it."""
-    return httpx.create_ssl_context()
-
-
-class AdminCalls:
-    """The admin calls of one owner (a service sync), so that its stop can give up the one under
-    way instead of waiting out its timeout: the calls are made with ``admin_calls`` set to it, each
-    on an event loop of its own in a worker thread, and ``abandon`` cancels them there (they raise
-    AdminCallAbandoned), and every call made after it at once."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._running: set[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = set()
-        self._abandoned = False
-
-    @property
-    def abandoned(self) -> bool:
-        return self._abandoned
-
-    def abandon(self) -> None:
-        with self._lock:
-            self._abandoned = True
-            for loop, task in self._running:
-                loop.call_soon_threadsafe(task.cancel)
-
-    async def run(self, call: Coroutine[Any, Any, T]) -> T:
-        task = asyncio.ensure_future(call)
-        entry = (asyncio.get_running_loop(), task)
-        with self._lock:
-            if self._abandoned:
-                task.cancel()
-            self._running.add(entry)
-        try:
-            return await task
-        except asyncio.CancelledError:
-            if self._abandoned:
-                raise AdminCallAbandoned("the call was given up: Arbiter is stopping") from None
-            raise
-        finally:
-            with self._lock:
-                self._running.discard(entry)
-
-
-# Set by the owner of the admin calls made in this context (the service sync's worker thread).
-admin_calls: contextvars.ContextVar[AdminCalls | None] = contextvars.ContextVar("arbiter_admin_calls", default=None)
-
-
-def _run(call: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(call)``, on a thread of its own when this one already runs an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(call)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, call).result()
-
-
-@contextlib.contextmanager
-def translate_errors(url: str, timeout: float) -> Iterator[None]:
-    """aiohttp's errors as the BackendError tree."""
-    try:
-        yield
-    except aiohttp.ConnectionTimeoutError as exc:  # could not even connect: unreachable, not slow
-        raise BackendUnreachable(f"cannot connect to {url}: timed out") from exc
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise BackendTimeout(f"{url} did not answer within {timeout:g}s") from exc
-    except aiohttp.ClientConnectorError as exc:
-        raise BackendUnreachable(f"cannot connect to {url}: {exc.os_error or exc}") from exc
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
-        raise BackendBroken(f"{url} broke the connection: {type(exc).__name__}") from exc
-    except aiohttp.ClientResponseError as exc:
-        raise BackendBroken(f"{url} sent a malformed answer: {exc.message}") from exc
-    except aiohttp.ClientError as exc:
-        raise BackendBroken(f"{url} failed: {type(exc).__name__}") from exc
-
-
-class AiohttpStream:
-    """One answer from a backend, read whole (with a cap) or chunk by chunk as it arrives."""
-
-    def __init__(self, url: str, response: aiohttp.ClientResponse, timeout: float) -> None:
-        self._url = url
-        self._response = response
-        self._timeout = timeout
-        self.status = response.status
-        self.content_type: str | None = response.headers.get("Content-Type")
-        self.retry_after: str | None = response.headers.get("Retry-After")
-        self.credential_refused = False  # set by a backend whose protocol marks it (the mesh)
-
-    def header(self, name: str) -> str | None:
-        return self._response.headers.get(name)
-
-    async def read(self, limit: int) -> bytes:
-        declared = self._response.content_length
-        if declared is not None and declared > limit:
-            raise ReplyTooLarge(f"{self._url} answered {declared} bytes, over the {limit}-byte response cap")
-        parts: list[bytes] = []
-        size = 0
-        with translate_errors(self._url, self._timeout):
-            async for chunk in self._response.content.iter_any():
-                size += len(chunk)
-                if size > limit:
-                    raise ReplyTooLarge(f"{self._url} answered more than the {limit}-byte response cap")
-                parts.append(chunk)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        with translate_errors(self._url, self._timeout):
-            async for chunk in self._response.content.iter_any():
-                yield chunk
-
-    async def close(self) -> None:
-        self._response.release()

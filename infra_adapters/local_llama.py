@@ -126,7 +126,7 @@ class LocalLlamaBackend:
 
     # -- what the service says of itself ----------------------------------------------
 
-    def read_version(self) -> str | None:
+    async def read_version(self) -> str | None:
         if not runtime_available():
             raise BackendUnreachable("the local runtime (llama-cpp-python) is not installed; " + INSTALL_HINT)
         import llama_cpp
@@ -134,7 +134,7 @@ class LocalLlamaBackend:
         model_file(self.url)  # the model must be there too
         return f"llama-cpp-python {llama_cpp.__version__}"
 
-    def list_models(self) -> list[RemoteModel]:
+    async def list_models(self) -> list[RemoteModel]:
         path = model_file(self.url)
         # No `completion`: this runtime serves no chat (``route`` is None for every API). Its model
         # answers decisions by label reading, which gives it `decision` (app/routing/registry.py).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,45 +19,68 @@ from infra_adapters.base import (
 from infra_adapters.http import HttpBackendBase
 from infra_adapters.media import MEDIA_FIELDS, as_base64
 
+# How many /api/show calls one listing makes at once (list_models).
+SHOW_CALLS = 4
 _ROUTES = {"openai-chat": "/v1/chat/completions", "ollama-chat": "/api/chat", "embed": "/api/embed"}
 
 
 class OllamaBackend(HttpBackendBase):
     kind = "ollama"
 
-    def read_version(self) -> str | None:
-        data = self._admin_get("/api/version")
+    async def read_version(self) -> str | None:
+        data = await self._admin_get("/api/version")
         version = data.get("version") if isinstance(data, dict) else None
         return version if isinstance(version, str) and version else None
 
-    def list_models(self) -> list[RemoteModel]:
-        data = self._admin_get("/api/tags")
+    async def list_models(self) -> list[RemoteModel]:
+        """The models of /api/tags, in its order, each with the capabilities /api/show gives it.
+
+        One /api/show per model, up to SHOW_CALLS at once: a sync of an Ollama across a network
+        (Ollama Cloud) made them one after another, a round trip each. Ollama answers them side by
+        side: Go's net/http serves each connection on its own goroutine, and ShowHandler
+        (server/routes.go) only reads the model's manifest and metadata (GetModelInfo), without
+        the scheduler. Few at once, so a sync never floods a small server nor takes much of the
+        shared pool of admin connections (infra_adapters/admin.py). A failure that is not about
+        one model (unreachable, a timeout, a refused key) stops the listing and cancels the calls
+        still under way, as the first failed call stopped them when they ran in turn."""
+        data = await self._admin_get("/api/tags")
         if not isinstance(data, dict) or not isinstance(data.get("models"), list):
-            raise BackendProtocolError(f"{self.url}/api/tags did not list models")
-        models = []
+            raise BackendProtocolError(f"{self.shown_url}/api/tags did not list models")
+        listed: list[tuple[str, dict[str, Any]]] = []
         for entry in data["models"]:
             name = entry.get("name") or entry.get("model") if isinstance(entry, dict) else None
-            if not isinstance(name, str) or not name:
-                continue
-            details = entry.get("details") or {}
-            try:
-                capabilities = self.capabilities(name)
-            except BackendAuthRejected:
-                raise  # about the service's key, not this model
-            except BackendProtocolError as exc:
-                # One model Ollama cannot describe (its /api/show answers 500 on a broken blob or
-                # manifest, server/routes.go ShowHandler; 404 when it went away since /api/tags)
-                # must not stop the others' sync: it is listed as unreadable, with why. The
-                # message is without the service's URL (it may carry credentials).
-                problem = str(exc).removeprefix(self.url).strip()
-                models.append(RemoteModel(name=name, details=details,
-                                          unreadable=f"cannot read its capabilities: {problem}"))
-                continue
-            models.append(RemoteModel(name=name, capabilities=capabilities, details=details))
-        return models
+            if isinstance(name, str) and name:
+                listed.append((name, entry.get("details") or {}))
+        calls = asyncio.Semaphore(SHOW_CALLS)
+        tasks: list[asyncio.Task[RemoteModel]] = []
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._described(name, details, calls)) for name, details in listed]
+        except BaseExceptionGroup:
+            pass  # raised below, as it came: the first failure in /api/tags order, not in time
+        for task in tasks:
+            failure = None if task.cancelled() else task.exception()
+            if failure is not None:
+                raise failure
+        return [task.result() for task in tasks]
 
-    def capabilities(self, name: str) -> frozenset[str]:
-        data = self._admin_post("/api/show", {"model": name})
+    async def _described(self, name: str, details: dict[str, Any], calls: asyncio.Semaphore) -> RemoteModel:
+        try:
+            async with calls:
+                capabilities = await self.capabilities(name)
+        except BackendAuthRejected:
+            raise  # about the service's key, not this model
+        except BackendProtocolError as exc:
+            # One model Ollama cannot describe (its /api/show answers 500 on a broken blob or
+            # manifest, server/routes.go ShowHandler; 404 when it went away since /api/tags)
+            # must not stop the others' sync: it is listed as unreadable, with why. The
+            # message is without the service's URL (it may carry credentials).
+            problem = str(exc).removeprefix(self.shown_url).strip()
+            return RemoteModel(name=name, details=details, unreadable=f"cannot read its capabilities: {problem}")
+        return RemoteModel(name=name, capabilities=capabilities, details=details)
+
+    async def capabilities(self, name: str) -> frozenset[str]:
+        data = await self._admin_post("/api/show", {"model": name})
         caps = data.get("capabilities") if isinstance(data, dict) else None
         return frozenset(c for c in caps if isinstance(c, str)) if isinstance(caps, list) else frozenset()
 
@@ -94,9 +118,9 @@ class OllamaBackend(HttpBackendBase):
         finally:
             await stream.close()
 
-    def delete(self, name: str) -> bool:
+    async def delete(self, name: str) -> bool:
         """Remove a model; False when the backend did not have it."""
-        return self._admin_request("DELETE", "/api/delete", {"model": name}, missing_ok=True) is not None
+        return await self._admin_request("DELETE", "/api/delete", {"model": name}, missing_ok=True) is not None
 
     def decisions_unsupported(self, reply: Reply) -> bool:
         # Ollama's router (gin, server/routes.go) answers an unknown route with a plain-text 404

@@ -26,27 +26,26 @@ class OpenAICompatBackend(HttpBackendBase):
     that no field of the request can split."""
 
     kind = "openai"
-    _post_through_open = False  # open() below reshapes chat bodies only
 
     def __init__(self, url: str, *, salts_prefix_cache: bool = False, **kwargs: Any) -> None:
         super().__init__(url, **kwargs)
         self.salts_prefix_cache = salts_prefix_cache
 
-    def read_version(self) -> str | None:
+    async def read_version(self) -> str | None:
         """A vLLM's version, or None: OpenAI's API has no version route, but vLLM serves
         ``GET /version`` as ``{"version": "<version>"}`` (``show_version`` in its
         ``entrypoints/openai/api_server.py``). Any other answer (a 404, a refusal, another shape)
         means another server; a server that cannot be reached raises, as for any backend."""
         try:
-            data = self._admin_request("GET", "/version", missing_ok=True)
+            data = await self._admin_request("GET", "/version", missing_ok=True)
         except (BackendProtocolError, BackendAuthRejected):
             data = None
         return vllm_version(data)
 
-    def list_models(self) -> list[RemoteModel]:
-        data = self._admin_get("/v1/models")
+    async def list_models(self) -> list[RemoteModel]:
+        data = await self._admin_get("/v1/models")
         if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-            raise BackendProtocolError(f"{self.url}/v1/models did not list models")
+            raise BackendProtocolError(f"{self.shown_url}/v1/models did not list models")
         return [RemoteModel(name=entry["id"], capabilities=frozenset({"completion"}))
                 for entry in data["data"]
                 if isinstance(entry, dict) and isinstance(entry.get("id"), str) and entry["id"]]

@@ -21,15 +21,15 @@ _ROUTES = {"openai-chat": "/v1/chat/completions", "embed": "/v1/embeddings",
 class VllmBackend(HttpBackendBase):
     kind = "vllm"
 
-    def read_version(self) -> str | None:
-        data = self._admin_get("/version")
+    async def read_version(self) -> str | None:
+        data = await self._admin_get("/version")
         version = data.get("version") if isinstance(data, dict) else None
         return version if isinstance(version, str) and version else None
 
-    def list_models(self) -> list[RemoteModel]:
-        data = self._admin_get("/v1/models")
+    async def list_models(self) -> list[RemoteModel]:
+        data = await self._admin_get("/v1/models")
         if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-            raise BackendProtocolError(f"{self.url}/v1/models did not list models")
+            raise BackendProtocolError(f"{self.shown_url}/v1/models did not list models")
         return [
             RemoteModel(name=entry["id"], capabilities=GENERATION_CAPABILITIES,
                         details={"max_model_len": entry.get("max_model_len")})
@@ -50,8 +50,6 @@ class VllmBackend(HttpBackendBase):
             if isinstance(items, list):
                 body[field] = [as_data_url(item) for item in items]
         return salted(body, tenant_salt)
-
-    _post_through_open = False  # open() below reshapes chat bodies only, never what _post sends
 
     async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> Any:
         """Chat shares vLLM's prefix cache as decisions do: it carries the tenant's salt too."""

@@ -22,15 +22,17 @@ from typing import Any, TypeVar
 import httpx
 import uvicorn
 
+from app.db.models import Service
 from app.db.session import Database
 from app.main import create_app
 from app.server import HttpProtocol
 from app.services import service as services
+from app.services.sync import itself
 from app.settings import Settings
 from app.tenancy import service as tenancy
 from app.tenancy.keys import KeyHasher
 from app.tenancy.service import CLI
-from infra_adapters.http import admin_tls
+from infra_adapters.admin import admin_tls
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 415: "unsupported_error",
@@ -237,12 +239,11 @@ class Stack:
                   models: Any = "all") -> Stack:
         hasher = KeyHasher()
         settings = Settings(database_url=db.url)
+        if ollama_url:
+            add_service(db, settings, type="ollama-external", url=ollama_url, name="ollama")
+        if vllm_url:
+            add_service(db, settings, type="vllm", url=vllm_url, name="vllm")
         with db.session() as session:
-            if ollama_url:
-                services.add_service(session, settings, CLI, type="ollama-external", url=ollama_url,
-                                     name="ollama")
-            if vllm_url:
-                services.add_service(session, settings, CLI, type="vllm", url=vllm_url, name="vllm")
             tenancy.create_project(session, "acme", CLI, models=models)
             _, project_key = tenancy.create_key(session, hasher, CLI, kind="project", project="acme")
             _, admin_key = tenancy.create_key(session, hasher, CLI, kind="admin")
@@ -307,6 +308,12 @@ def wait_for(check: Any, timeout: float = 10.0, interval: float = 0.05) -> Any:
 
 
 T = TypeVar("T")
+
+
+def add_service(db: Database, settings: Settings | None = None, **fields: Any) -> Service:
+    """A service added as the CLI adds one (its backend read, its models registered), from sync code."""
+    settings = settings or Settings(database_url=db.url)
+    return run_async(services.add_service(db.in_session, settings, None, CLI, **fields, then=itself))
 
 
 def run_async(walk: Coroutine[Any, Any, T]) -> T:

@@ -129,7 +129,7 @@ def _verify(args: argparse.Namespace) -> ssl.SSLContext | bool:
         return False
     ca_file = getattr(args, "ca_file", None)
     if ca_file is None:
-        from infra_adapters.http import admin_tls
+        from infra_adapters.admin import admin_tls
 
         return admin_tls()  # the system's (certifi's) bundle, or SSL_CERT_FILE / SSL_CERT_DIR
     try:

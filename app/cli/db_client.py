@@ -8,10 +8,11 @@ bus, app/changes.py); without it, at their key cache's expiry or registry refres
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import redis
@@ -29,6 +30,7 @@ from app.settings import Settings
 from app.tenancy import organizations
 from app.tenancy import service as tenancy
 from app.tenancy.service import CLI
+from infra_adapters.admin import AdminClient
 
 T = TypeVar("T")
 
@@ -139,13 +141,13 @@ class DatabaseClient:
 
     def add_service(self, fields: dict[str, Any], confirm: bool) -> View:
         """``confirm`` is the mesh's: there is no mesh here to warn."""
-        def work(s: Session) -> View:
-            service = services.add_service(s, self.settings, self.actor, type=fields["type"], url=fields.get("url"),
-                                           name=fields.get("name"), credential=fields.get("api_key"),
-                                           context_length=fields.get("context_length"))
+        def answer(s: Session, service: Any) -> View:
             models = [services.model_view(m, service) for m in services.service_models(s, service)]
             return {**services.service_view(service), "models": models, "backed_off": []}
-        view = self._run(work)
+        view = self._with_backends(lambda admin: services.add_service(
+            self.database.in_session, self.settings, admin, self.actor, type=fields["type"], url=fields.get("url"),
+            name=fields.get("name"), credential=fields.get("api_key"), context_length=fields.get("context_length"),
+            then=answer))
         self._changed("models")
         return view
 
@@ -154,11 +156,9 @@ class DatabaseClient:
         self._changed("models")
 
     def refresh_service(self, name: str) -> View:
-        def work(s: Session) -> View:
-            service = services.get_service(s, name)
-            sync.sync_service(s, self.settings, service, actor=self.actor)
-            return services.service_view(service)
-        view = self._run(work)
+        view = self._with_backends(lambda admin: sync.refresh(
+            self.database.in_session, self.settings, admin, lambda s: services.get_service(s, name), self.actor,
+            then=lambda _s, service: services.service_view(service)))
         self._changed("models")
         return view
 
@@ -202,6 +202,15 @@ class DatabaseClient:
     def _run(self, work: Callable[[Session], T]) -> T:
         with self.database.session() as session:
             return work(session)
+
+    def _with_backends(self, work: Callable[[AdminClient], Awaitable[T]]) -> T:
+        """``work`` with an admin client for the backends it calls, on one event loop: this
+        command's (a command is one call of the CLI; the client lives as long as it)."""
+        async def run() -> T:
+            async with AdminClient(timeout=self.settings.backend_admin_timeout,
+                                   connect_timeout=self.settings.backend_connect_timeout) as admin:
+                return await work(admin)
+        return asyncio.run(run())
 
     def _changed(self, kind: str) -> None:
         """Tell running servers at once, through the change bus's channel, when there is Redis."""

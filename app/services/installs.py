@@ -19,11 +19,12 @@ from app.db.models import Model, ModelInstall, Service, utcnow
 from app.db.session import Database
 from app.db.timestamps import as_utc, iso
 from app.errors import Conflict, InvalidRequest, NotFound
-from app.services import catalog, versions
+from app.services import catalog, sync, versions
 from app.services import service as services
 from app.services.sync import OLLAMA_TYPES, backend_for, effective_version, gated, public
 from app.settings import Settings
 from app.tenancy.service import Actor
+from infra_adapters.admin import AdminClient
 from infra_adapters.base import BackendError, CallOptions
 from infra_adapters.ollama import OllamaBackend
 
@@ -43,8 +44,11 @@ class Plan:
     pull: bool  # an Ollama pull job, or a registration at once
 
 
-def plan(session: Session, settings: Settings, service: Service, request: dict[str, Any]) -> Plan:
-    """Check an install request against the catalog, the service type and version gating."""
+def plan(session: Session, settings: Settings, service: Service, request: dict[str, Any],
+         offered: set[str] | None = None) -> Plan:
+    """Check an install request against the catalog, the service type and version gating; and,
+    on a service that registers rather than pulls, against what it ``offered`` (its model list,
+    read beforehand with no transaction open; None: not read yet, not checked)."""
     name = request.get("model")
     if not isinstance(name, str) or not name.strip():
         raise InvalidRequest("model must be a non-empty model name")
@@ -72,11 +76,7 @@ def plan(session: Session, settings: Settings, service: Service, request: dict[s
         backend_name = name if ":" in name else f"{name}:latest"
     else:
         backend_name = name
-        try:
-            offered = {m.name for m in backend_for(service, settings).list_models()}
-        except BackendError as exc:
-            raise InvalidRequest(f"cannot install on service '{service.name}': {exc}") from exc
-        if backend_name not in offered:
+        if offered is not None and backend_name not in offered:
             where = "Ollama Cloud does not host" if service.type == "ollama-cloud" else "this vLLM does not serve"
             raise InvalidRequest(f"{where} '{name}'; it offers: {', '.join(sorted(offered)) or 'nothing'}")
     if len(backend_name) > 200:
@@ -136,19 +136,30 @@ def _find_job(session: Session, install_id: int) -> ModelInstall | None:
 class Installer:
     """Runs pull jobs in this process; their state lives in the database for every replica."""
 
-    def __init__(self, database: Database, settings: Settings, on_change: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, database: Database, settings: Settings, on_change: Callable[[], Awaitable[None]],
+                 admin: AdminClient | None = None) -> None:
         self._database = database
         self._settings = settings
         self._on_change = on_change
+        self._admin = admin
         self._tasks: dict[int, asyncio.Task[None]] = {}
 
     async def install(self, service_name: str, request: dict[str, Any], actor: Actor,
                       guard: Callable[[list[str]], None] | None = None) -> tuple[int, dict[str, Any]]:
         """(201, model) for a registration; (202, install) for a pull that has started. ``guard``
-        sees the model's capabilities first and may refuse (the mesh's warning)."""
-        def work(session: Session) -> tuple[int, dict[str, Any]]:
+        sees the model's capabilities first and may refuse (the mesh's warning). A service that
+        registers is asked what it serves with no transaction open, between two that check."""
+        def check(session: Session) -> tuple[sync.Endpoint, bool]:
             service = services.get_service(session, service_name)
             planned = plan(session, self._settings, service, request)
+            return sync.Endpoint.of(service), planned.pull
+
+        endpoint, pull = await self._database.in_session(check)
+        offered = None if pull else await self._offered(endpoint, service_name)
+
+        def work(session: Session) -> tuple[int, dict[str, Any]]:
+            service = sync.checked(services.get_service(session, service_name), endpoint)
+            planned = plan(session, self._settings, service, request, offered)
             if guard is not None:
                 guard(list(planned.capabilities))
             target = f"model:{service.name}/{planned.backend_name}"
@@ -170,6 +181,12 @@ class Installer:
         else:
             await self._on_change()
         return status, view
+
+    async def _offered(self, endpoint: sync.Endpoint, service_name: str) -> set[str]:
+        try:
+            return {m.name for m in await backend_for(endpoint, self._settings, self._admin).list_models()}
+        except BackendError as exc:
+            raise InvalidRequest(f"cannot install on service '{service_name}': {exc}") from exc
 
     async def _run(self, install_id: int) -> None:
         try:
@@ -218,7 +235,7 @@ class Installer:
             return job, session.get_one(Service, job.service_id)
 
         job, service = await self._database.in_session(load)
-        backend = backend_for(service, self._settings)
+        backend = backend_for(sync.Endpoint.of(service), self._settings)
         if not isinstance(backend, OllamaBackend):
             raise BackendError(f"service '{service.name}' cannot pull models")
         options = CallOptions(timeout=max(self._settings.backend_timeout, 300), max_reply_bytes=1 << 20,
@@ -315,22 +332,34 @@ class Installer:
         return await self._database.in_session(work)
 
     async def uninstall(self, service_name: str, backend_name: str, actor: Actor) -> None:
-        def work(session: Session) -> None:
+        """Remove a model: from its Ollama first (with no transaction open), then its row."""
+        def find(session: Session) -> tuple[Service, Model]:
             service = services.get_service(session, service_name)
             row = session.scalar(select(Model).where(
                 Model.service_id == service.id,
                 Model.backend_name.in_([backend_name, f"{backend_name}:latest"])))
             if row is None:
                 raise NotFound(f"model '{backend_name}' is not installed on service '{service_name}'")
-            if service.type in OLLAMA_TYPES:
-                backend = backend_for(service, self._settings)
-                try:
-                    backend.delete(row.backend_name)  # type: ignore[attr-defined]
-                except BackendError as exc:
-                    raise InvalidRequest(f"cannot remove '{row.backend_name}': {exc}") from exc
-            elif row.source != "custom":
+            if service.type not in OLLAMA_TYPES and row.source != "custom":
                 raise InvalidRequest(f"'{row.backend_name}' is what the {service.type} service serves; "
                                      "remove it there, then Refresh the service")
+            return service, row
+
+        def check(session: Session) -> tuple[sync.Endpoint, str]:
+            service, row = find(session)
+            return sync.Endpoint.of(service), row.backend_name
+
+        endpoint, name = await self._database.in_session(check)
+        if endpoint.type in OLLAMA_TYPES:
+            backend = backend_for(endpoint, self._settings, self._admin)
+            try:
+                await backend.delete(name)  # type: ignore[attr-defined]
+            except BackendError as exc:
+                raise InvalidRequest(f"cannot remove '{name}': {exc}") from exc
+
+        def work(session: Session) -> None:
+            service, row = find(session)
+            sync.checked(service, endpoint)
             audit.record(session, actor=actor.name, action="model.uninstall",
                          target=f"model:{service.name}/{row.backend_name}", request_id=actor.request_id)
             session.delete(row)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from sqlalchemy import delete, select
@@ -21,8 +21,11 @@ from app.services import catalog, sync, versions
 from app.settings import Settings
 from app.tenancy.service import Actor
 from app.text import path_name_problem
+from infra_adapters.admin import AdminClient
 from infra_adapters.base import BackendError
 from infra_adapters.ollama import OllamaCloudBackend
+
+T = TypeVar("T")
 
 
 def check_local_url(url: str) -> str:
@@ -66,10 +69,35 @@ def default_name(service_type: str, url: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{service_type}-{host.hostname}-{host.port or ''}").strip("-")
 
 
-def add_service(session: Session, settings: Settings, actor: Actor, *, type: str, url: str | None = None,
-                name: str | None = None, credential: str | None = None, text_limit: int | None = None,
-                timeout: float | None = None, context_length: int | None = None) -> Service:
-    """Register a backend, read its version and its models. An unreachable URL is a 400."""
+async def add_service(run: sync.Run[Any], settings: Settings, admin: AdminClient | None, actor: Actor, *,
+                      type: str, url: str | None = None, name: str | None = None, credential: str | None = None,
+                      text_limit: int | None = None, timeout: float | None = None, context_length: int | None = None,
+                      then: Callable[[Session, Service], T]) -> T:
+    """Register a backend, read its version and its models. An unreachable URL is a 400. The read
+    is made with no transaction open, between checking the name is free and writing the service;
+    ``then`` makes the answer in the writing transaction (and may refuse: nothing is written)."""
+    service = new_service(settings, type=type, url=url, name=name, credential=credential, text_limit=text_limit,
+                          timeout=timeout, context_length=context_length)
+    await run(lambda s: _check_free(s, service.name))
+    try:
+        reading = await sync.read(sync.Endpoint.of(service), settings, admin)
+    except BackendError as exc:
+        raise InvalidRequest(f"cannot add service '{service.name}': {exc}") from exc
+
+    def write(session: Session) -> T:
+        _check_free(session, service.name)  # added by another admin meanwhile
+        session.add(service)
+        session.flush()
+        sync.record(session, service, reading)
+        audit.record(session, actor=actor.name, action="service.create", target=f"service:{service.name}",
+                     request_id=actor.request_id, details={"type": service.type, "url": service.url})
+        return then(session, service)
+    return await run(write)
+
+
+def new_service(settings: Settings, *, type: str, url: str | None, name: str | None, credential: str | None,
+                text_limit: int | None, timeout: float | None, context_length: int | None) -> Service:
+    """A service's row from what an admin gave, checked; not added to any session."""
     if type not in SERVICE_TYPES:
         raise InvalidRequest(f"unknown service type {type!r}; use one of: {', '.join(SERVICE_TYPES)}")
     check_credential(credential)
@@ -89,55 +117,83 @@ def add_service(session: Session, settings: Settings, actor: Actor, *, type: str
     _check_limits(text_limit, timeout, context_length)
     if context_length is not None and type != "ollama":
         raise InvalidRequest("context_length applies to the deployment's own Ollama (type ollama) only")
-    if session.scalar(select(Service).where(Service.name == name)):
+    return Service(name=name, type=type, url=url, credential=CredentialBox.from_settings(settings).seal(credential),
+                   text_limit=text_limit or settings.default_text_limit, timeout=timeout,
+                   context_length=context_length, skipped_models=[])
+
+
+def _check_free(session: Session, name: str) -> None:
+    if session.scalar(select(Service.id).where(Service.name == name)) is not None:
         raise Conflict(f"service '{name}' already exists")
-    service = Service(name=name, type=type, url=url,
-                      credential=CredentialBox.from_settings(settings).seal(credential),
-                      text_limit=text_limit or settings.default_text_limit, timeout=timeout,
-                      context_length=context_length, skipped_models=[])
-    try:  # before the first write: a slow backend must not hold the database's write lock
-        remote = sync.read(session, settings, service)
-    except BackendError as exc:
-        raise InvalidRequest(f"cannot add service '{name}': {exc}") from exc
-    session.add(service)
-    session.flush()
-    sync.register(session, service, remote)
-    audit.record(session, actor=actor.name, action="service.create", target=f"service:{name}",
-                 request_id=actor.request_id, details={"type": type, "url": url})
-    return service
 
 
-def update_service(session: Session, settings: Settings, name: str, actor: Actor,
-                   changes: dict[str, Any]) -> Service:
-    """Change a service (url, api_key, text_limit, timeout, context_length, version_override)."""
-    service = get_service(session, name)
+_REREAD = frozenset({"url", "api_key", "version_override"})  # what the backend serves may differ after these
+
+
+async def update_service(run: sync.Run[Any], settings: Settings, admin: AdminClient | None, name: str, actor: Actor,
+                         changes: dict[str, Any], *, then: Callable[[Session, Service], T]) -> T:
+    """Change a service (url, api_key, text_limit, timeout, context_length, version_override).
+    A new URL, key or version override is read at once, with no transaction open, and written
+    with the change (ServiceChanged when another admin changed the service in between)."""
+    if "text_limit" in changes and changes["text_limit"] is None:
+        changes = {**changes, "text_limit": settings.default_text_limit}  # null: back to the default
     check_credential(changes.get("api_key"))
+    # Sealed once: the read and the write use the same sealed key.
+    sealed = CredentialBox.from_settings(settings).seal(changes["api_key"]) if "api_key" in changes else None
+
+    def plan(session: Session) -> tuple[sync.Endpoint, sync.Endpoint]:
+        service = get_service(session, name)
+        _check_update(service, changes)
+        before = sync.Endpoint.of(service)
+        return before, sync.Endpoint(before.type, _new_url(service, changes),
+                                     sealed if "api_key" in changes else before.credential)
+
+    before, after = await run(plan)
+    reading = await sync.try_read(after, settings, admin) if changes.keys() & _REREAD else None
+
+    def write(session: Session) -> T:
+        service = sync.checked(get_service(session, name), before)
+        _check_update(service, changes)
+        details = _apply(service, changes, after)
+        if reading is not None:
+            sync.record(session, service, reading)
+        audit.record(session, actor=actor.name, action="service.update", target=f"service:{name}",
+                     request_id=actor.request_id, details=details)
+        return then(session, service)
+    return await run(write)
+
+
+def _check_update(service: Service, changes: dict[str, Any]) -> None:
     _check_limits(changes.get("text_limit"), changes.get("timeout"), changes.get("context_length"))
     if changes.get("context_length") is not None and service.type != "ollama":
         raise InvalidRequest("context_length applies to the deployment's own Ollama (type ollama) only")
     if "version_override" in changes and service.type not in sync.OLLAMA_TYPES:
         raise InvalidRequest("version_override applies to ollama and ollama-external services only")
+    if "api_key" in changes and service.type == "ollama-cloud" and not changes["api_key"]:
+        raise InvalidRequest("an ollama-cloud service needs its api_key (an ollama.com key); "
+                             "give the new key, or remove the service")
+    _new_url(service, changes)
+
+
+def _new_url(service: Service, changes: dict[str, Any]) -> str:
+    if "url" not in changes:
+        return service.url
+    return check_local_url(changes["url"]) if service.type == "local" else check_url(changes["url"])
+
+
+def _apply(service: Service, changes: dict[str, Any], after: sync.Endpoint) -> dict[str, Any]:
+    """Set the checked ``changes`` on ``service``; what the audit record says of them."""
     details: dict[str, Any] = {}
     if "url" in changes:
-        service.url = check_local_url(changes["url"]) if service.type == "local" else check_url(changes["url"])
-        details["url"] = service.url
+        service.url = details["url"] = after.url
     if "api_key" in changes:
-        if service.type == "ollama-cloud" and not changes["api_key"]:
-            raise InvalidRequest("an ollama-cloud service needs its api_key (an ollama.com key); "
-                                 "give the new key, or remove the service")
-        service.credential = CredentialBox.from_settings(settings).seal(changes["api_key"])
+        service.credential = after.credential
         details["api_key"] = "changed" if changes["api_key"] else "removed"
-    if "text_limit" in changes and changes["text_limit"] is None:
-        changes = {**changes, "text_limit": settings.default_text_limit}  # null: back to the default
     for field in ("text_limit", "timeout", "context_length", "version_override"):
         if field in changes:
             setattr(service, field, changes[field])
             details[field] = changes[field]
-    if details.keys() & {"url", "api_key", "version_override"}:
-        sync.sync_service(session, settings, service)  # what the backend serves may differ now
-    audit.record(session, actor=actor.name, action="service.update", target=f"service:{name}",
-                 request_id=actor.request_id, details=details)
-    return service
+    return details
 
 
 MAX_ROW_ID = 2**31 - 1  # integer columns and primary keys are 32-bit on PostgreSQL

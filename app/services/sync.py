@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import functools
 import logging
-import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -15,31 +17,61 @@ from app import audit
 from app.db import lease
 from app.db.models import Model, Service, utcnow
 from app.db.session import Database
+from app.errors import Conflict, NotFound
 from app.routing.backends import make_backend
 from app.routing.credentials import CredentialBox, CredentialUnavailable
 from app.services import catalog, versions
 from app.settings import Settings
 from app.tenancy.service import Actor
+from infra_adapters.admin import AdminClient
 from infra_adapters.base import (
-    AdminCallAbandoned,
     Backend,
     BackendAuthRejected,
     BackendError,
     BackendProtocolError,
     RemoteModel,
 )
-from infra_adapters.http import AdminCalls, admin_calls
 from infra_adapters.ollama import public_name
 
 log = logging.getLogger("arbiter.sync")
 OLLAMA_TYPES = ("ollama", "ollama-external")
 LEASE = "service-sync"
+T = TypeVar("T")
 
 
-def backend_for(service: Service, settings: Settings) -> Backend:
-    credential = CredentialBox.from_settings(settings).open(service.credential)
-    return make_backend(service.type, service.url, credential, settings,
-                        salts_prefix_cache=salts_prefix_cache(service))
+Run = Callable[[Callable[[Session], T]], Awaitable[T]]  # one transaction in a worker thread (Database.in_session)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """What an admin call is made to: read from a service's row in one transaction, called with
+    no transaction open (a slow backend must hold no database lock, and SQLite has one for
+    everybody), and compared again in the transaction that writes what the backend answered."""
+
+    type: str
+    url: str
+    credential: str | None  # sealed, as stored
+
+    @classmethod
+    def of(cls, service: Service) -> Endpoint:
+        return cls(service.type, service.url, service.credential)
+
+
+class ServiceChanged(Conflict):
+    """The service's URL or key changed while its backend was being read: what it answered is
+    about a backend the service no longer points at, so nothing is written (try again)."""
+
+
+def checked(service: Service, endpoint: Endpoint) -> Service:
+    if Endpoint.of(service) != endpoint:
+        raise ServiceChanged(f"service '{service.name}' was changed while its backend was being read; "
+                             "nothing was written: try again")
+    return service
+
+
+def backend_for(endpoint: Endpoint, settings: Settings, admin: AdminClient | None = None) -> Backend:
+    credential = CredentialBox.from_settings(settings).open(endpoint.credential)
+    return make_backend(endpoint.type, endpoint.url, credential, settings, admin=admin)
 
 
 def salts_prefix_cache(service: Service) -> bool:
@@ -72,46 +104,61 @@ def public(service_type: str, backend_name: str) -> str:
     return public_name(backend_name) if service_type not in ("vllm", "openai") else backend_name
 
 
-def read(session: Session, settings: Settings, service: Service) -> list[RemoteModel]:
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What a backend said of itself. ``models`` None: it could not be read (``error`` says why);
+    ``version_read``: its version was read (``version``, None when it gave none it could read)."""
+
+    version: str | None
+    version_read: bool
+    models: list[RemoteModel] | None
+    error: str | None  # the service's last_error: why the read failed, or what of it did
+    at: dt.datetime
+
+
+async def read(endpoint: Endpoint, settings: Settings, admin: AdminClient | None) -> Reading:
     """Read the version and the models; raises BackendError (the caller decides what that means).
     A version the backend answers but that cannot be read (a 404, not JSON) is no version: the
-    gate closes (SPEC §4), the models are still read, and ``last_error`` says why."""
-    try:
-        backend = backend_for(service, settings)
-    except CredentialUnavailable as exc:
-        raise BackendError(str(exc)) from exc
-    problem = None
-    try:
-        service.version = backend.read_version()
-    except BackendAuthRejected:
-        raise
-    except BackendProtocolError as exc:
-        service.version = None
-        problem = f"cannot read the version: {exc}"
-    models = backend.list_models()
-    service.reachable = True
-    service.last_error = problem
-    service.last_sync_at = utcnow()
-    return models
+    gate closes (SPEC §4), the models are still read, and ``error`` says why."""
+    reading = await try_read(endpoint, settings, admin)
+    if reading.models is None:
+        raise BackendError(reading.error or "the backend could not be read")
+    return reading
 
 
-def sync_service(session: Session, settings: Settings, service: Service, actor: Actor | None = None) -> None:
-    """Re-read a service's version and models; errors land in its status, not in an exception.
-    With an ``actor`` (an admin pressed Refresh) the refresh and its outcome are audited."""
-    # Changes made to the service so far (a new URL or key) are written after the read, not before:
-    # a slow backend must not hold the database's write lock (SQLite has one for everybody).
-    with session.no_autoflush:
-        before = _names(session, service)
+async def try_read(endpoint: Endpoint, settings: Settings, admin: AdminClient | None) -> Reading:
+    """As ``read``, with a backend that cannot be read answered as a Reading without models."""
+    version: str | None = None
+    version_read = False
+    try:
+        backend = backend_for(endpoint, settings, admin)
+        problem = None
         try:
-            remote: list[RemoteModel] | None = read(session, settings, service)
-        except AdminCallAbandoned:
-            raise  # about this process stopping, not the service: its status stays as it was
-        except BackendError as exc:
-            service.reachable = False
-            service.last_error = str(exc)
-            remote = None
-    if remote is not None:
-        register(session, service, remote)
+            version, version_read = await backend.read_version(), True
+        except BackendAuthRejected:
+            raise
+        except BackendProtocolError as exc:
+            version_read, problem = True, f"cannot read the version: {exc}"
+        models = await backend.list_models()
+    except (CredentialUnavailable, BackendError) as exc:  # a key this node cannot open, or the backend's failure
+        return Reading(version, version_read, None, str(exc), utcnow())
+    return Reading(version, version_read, models, problem, utcnow())
+
+
+def record(session: Session, service: Service, reading: Reading, actor: Actor | None = None) -> Service:
+    """Write what a read of ``service`` found: its status, and its model rows (``register``).
+    With an ``actor`` (an admin pressed Refresh) the refresh and its outcome are audited."""
+    before = _names(session, service) if service.id is not None else []
+    if reading.version_read:
+        service.version = reading.version
+    if reading.models is None:
+        service.reachable = False
+        service.last_error = reading.error
+    else:
+        service.reachable = True
+        service.last_error = reading.error
+        service.last_sync_at = reading.at
+        register(session, service, reading.models)
     if actor is not None:
         session.flush()
         after = _names(session, service)
@@ -120,6 +167,18 @@ def sync_service(session: Session, settings: Settings, service: Service, actor: 
                      details={"version": service.version, "reachable": service.reachable,
                               "added": sorted(set(after) - set(before)),
                               "removed": sorted(set(before) - set(after))})
+    return service
+
+
+async def refresh(run: Run[Any], settings: Settings, admin: AdminClient | None, find: Callable[[Session], Service],
+                  actor: Actor | None = None, *, then: Callable[[Session, Service], T]) -> T:
+    """Re-read the service ``find`` finds: its row read in one transaction, its backend read with
+    none open, what it answered written in a second one (ServiceChanged when the service's URL
+    or key changed in between). A backend that cannot be read is written as unreachable, not
+    raised. ``then`` makes the answer in the writing transaction (an API's view of the service)."""
+    endpoint = await run(lambda s: Endpoint.of(find(s)))
+    reading = await try_read(endpoint, settings, admin)
+    return await run(lambda s: then(s, record(s, checked(find(s), endpoint), reading, actor)))
 
 
 def _names(session: Session, service: Service) -> list[str]:
@@ -184,49 +243,28 @@ def gate_of(model: Model, service: Service) -> str | None:
 
 
 class SyncLoop:
-    """Reads every service at start-up and then on a schedule (versions and models)."""
+    """Reads every service at start-up and then on a schedule (versions and models). Its calls are
+    awaited on the gateway's loop with no transaction open: stopping is cancelling its task, which
+    gives up the call under way at once and writes nothing for that service."""
 
-    def __init__(self, database: Database, settings: Settings, on_change: Callable[[], Any]) -> None:
+    def __init__(self, database: Database, settings: Settings, on_change: Callable[[], Any],
+                 admin: AdminClient | None = None) -> None:
         self._database = database
         self._settings = settings
         self._on_change = on_change
+        self._admin = admin
         self.runs = 0  # syncs this process ran (the lease makes other replicas skip theirs)
-        # A sync runs in a worker thread, which cancelling its task does not stop: at shutdown its
-        # admin calls are given up (the one under way, and any after it), it reads no further
-        # service, and it is waited for (it writes to the database, which closes next).
-        self._calls = AdminCalls()
-        self._idle = threading.Event()
-        self._idle.set()
 
-    def sync_all(self) -> None:
-        self._idle.clear()
-        owner = admin_calls.set(self._calls)  # the calls made from here on are the sync's
-        try:
-            with self._database.session() as session:
-                ids = list(session.scalars(select(Service.id)))
-            for service_id in ids:
-                if self._calls.abandoned:
-                    return  # shutting down: the next start reads every service again
-                try:
-                    with self._database.session() as session:
-                        service = session.get(Service, service_id)
-                        if service is not None:
-                            sync_service(session, self._settings, service)
-                except AdminCallAbandoned:
-                    return  # stopping: nothing written for it
-                except Exception:  # one broken service must not stop the others' sync
-                    log.exception("scheduled sync of service %s failed", service_id)
-        finally:
-            admin_calls.reset(owner)  # not the caller's any more, whatever thread or context this was
-            self._idle.set()
-
-    def stop(self) -> None:
-        """No service is read after this, and the admin call under way is given up."""
-        self._calls.abandon()
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Until no sync runs (at most ``timeout`` seconds): whether none does."""
-        return self._idle.wait(timeout)
+    async def sync_all(self) -> None:
+        ids = await self._database.in_session(lambda s: list(s.scalars(select(Service.id))))
+        for service_id in ids:
+            try:
+                await refresh(self._database.in_session, self._settings, self._admin,
+                              functools.partial(_by_id, service_id=service_id), then=itself)
+            except (NotFound, ServiceChanged):
+                continue  # removed, or changed (and read) by an admin meanwhile
+            except Exception:  # one broken service must not stop the others' sync
+                log.exception("scheduled sync of service %s failed", service_id)
 
     async def run(self, interval: float) -> None:
         """Sync at start-up, whoever holds the ``service-sync`` lease (SPEC §4: the version is read
@@ -237,7 +275,7 @@ class SyncLoop:
             try:
                 held = await asyncio.to_thread(lease.try_hold, self._database, LEASE, max(interval * 2.5, 30.0))
                 if held or not started:
-                    await asyncio.to_thread(self.sync_all)
+                    await self.sync_all()
                     started = True
                     self.runs += 1
                     await self._on_change()
@@ -247,3 +285,15 @@ class SyncLoop:
 
     def release(self) -> None:
         lease.release(self._database, LEASE)
+
+
+def itself(_session: Session, service: Service) -> Service:
+    """The ``then`` of a caller that wants the service itself."""
+    return service
+
+
+def _by_id(session: Session, service_id: int) -> Service:
+    service = session.get(Service, service_id)
+    if service is None:
+        raise NotFound(f"service {service_id} does not exist")
+    return service

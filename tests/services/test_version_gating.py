@@ -14,13 +14,10 @@ from aiohttp import web
 
 from app.db.models import Lease, utcnow
 from app.db.session import Database
-from app.services import service as services
 from app.services.sync import LEASE
-from app.settings import Settings
-from app.tenancy.service import CLI
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import Gateway, Stack, assert_error, body, decide, public_models, wait_for
+from tests.support import Gateway, Stack, add_service, assert_error, body, decide, public_models, wait_for
 
 # Only 0.35.0's own pre-releases are older.
 VERSIONS = [("0.34.9", False), ("0.35.0", True), ("0.35.1", True), ("0.40.4", True),
@@ -347,9 +344,8 @@ def test_the_version_is_read_at_start_up_even_while_a_killed_process_holds_the_s
     server, state = lab
     state.version = "0.34.9"
     stack = Stack.provision(db)
+    add_service(db, type="ollama-external", url=server.url, name="lab")
     with db.session() as session:
-        services.add_service(session, Settings(database_url=db.url), CLI, type="ollama-external",
-                             url=server.url, name="lab")
         # What a process killed a moment ago leaves: the sync lease, for minutes more.
         session.add(Lease(name=LEASE, holder="gone-host:4242:0badc0de",
                           expires_at=utcnow() + dt.timedelta(seconds=150)))

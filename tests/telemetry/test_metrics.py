@@ -11,12 +11,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.db.session import Database
-from app.services import service as services
-from app.settings import Settings
-from app.tenancy.service import CLI
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import Stack, assert_error, decision, free_port
+from tests.support import Stack, add_service, assert_error, decision, free_port
 from tests.ui.conftest import ui_sign_in
 
 
@@ -120,9 +117,7 @@ def two_replicas(db: Database, stack: Stack) -> Iterator[list[OllamaState]]:
     started after it)."""
     state = OllamaState()
     with EmulatorServer(make_ollama_app(state)) as server:
-        with db.session() as session:
-            services.add_service(session, Settings(database_url=db.url), CLI, type="ollama-external",
-                                 url=server.url, name="ollama-2")
+        add_service(db, type="ollama-external", url=server.url, name="ollama-2")
         yield [stack.ollama_state, state]
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from infra_adapters.http import admin_tls
+from infra_adapters.admin import admin_tls
 
 CHROMIUM = Path("/usr/bin/chromium")
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')

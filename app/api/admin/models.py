@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from app.api.admin import testing
 from app.api.admin.answers import (
     MESH_WARNING,
+    SERVICE_CHANGED,
     Catalog,
     Install,
     InstallList,
@@ -32,7 +33,8 @@ async def list_catalog(_actor: AdminDep) -> dict[str, Any]:
 
 
 @router.post("/services/{name}/models", dependencies=[needs(Need.OPERATE)], **answer(
-    Install, 202, {409: f"the model is installed, or being installed, already; or {MESH_WARNING}"},
+    Install, 202, {409: f"the model is installed, or being installed, already; or {MESH_WARNING}; "
+                        f"or {SERVICE_CHANGED}"},
     also={201: (ModelCard, "a vLLM, OpenAI-compatible or Ollama Cloud service: the model, registered at once")}))
 async def install_model(name: str, body: ModelInstallRequest, actor: AdminDep, c: ComponentsDep) -> JSONResponse:
     """Install a catalog model, or a custom one with its capabilities. An Ollama pulls it (202 and an
@@ -43,7 +45,8 @@ async def install_model(name: str, body: ModelInstallRequest, actor: AdminDep, c
     return JSONResponse(view, status_code=status)
 
 
-@router.delete("/services/{name}/models/{model:path}", dependencies=[needs(Need.OPERATE)], **answer(None, 204))
+@router.delete("/services/{name}/models/{model:path}", dependencies=[needs(Need.OPERATE)],
+               **answer(None, 204, {409: SERVICE_CHANGED}))
 async def uninstall_model(name: str, model: str, actor: AdminDep, c: ComponentsDep) -> None:
     await c.installer.uninstall(name, model, actor)
 

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 
 from app.api.admin.answers import (
     MESH_WARNING,
+    SERVICE_CHANGED,
     ModelList,
     NewService,
     Service,
@@ -35,15 +36,14 @@ async def list_services(_actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     400: "a bad field, or the backend cannot be reached or read",
     409: f"a service of that name exists; or {MESH_WARNING}"}))
 async def add_service(body: ServiceCreate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
-    def work(s: Session) -> dict[str, Any]:
-        service = services.add_service(s, c.settings, actor, type=body.type, url=body.url, name=body.name,
-                                       credential=body.api_key, text_limit=body.text_limit,
-                                       timeout=body.timeout, context_length=body.context_length)
+    def answer(s: Session, service: Any) -> dict[str, Any]:
         models = [services.model_view(m, service) for m in services.service_models(s, service)]
         if not body.confirm:  # its models may be decision models: the mesh may warn (and nothing is added)
             c.mesh.check_decision_install(sorted({cap for m in models for cap in m["capabilities"]}))
         return {**services.service_view(service), "models": models}
-    view = await c.in_change(work)
+    view = await services.add_service(c.in_change, c.settings, c.admin, actor, type=body.type, url=body.url,
+                                      name=body.name, credential=body.api_key, text_limit=body.text_limit,
+                                      timeout=body.timeout, context_length=body.context_length, then=answer)
     await c.changed_models()
     return with_backoffs(view, c)
 
@@ -53,11 +53,12 @@ async def get_service(name: str, _actor: AdminDep, c: ComponentsDep) -> dict[str
     return with_backoffs(await c.in_session(lambda s: services.service_view(services.get_service(s, name))), c)
 
 
-@router.patch("/services/{name}", dependencies=[needs(Need.OPERATE)], **answer(ServiceStatus))
+@router.patch("/services/{name}", dependencies=[needs(Need.OPERATE)],
+              **answer(ServiceStatus, errors={409: SERVICE_CHANGED}))
 async def update_service(name: str, body: ServiceUpdate, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
     changes = body.model_dump(exclude_unset=True)
-    view = await c.in_change(lambda s: services.service_view(
-        services.update_service(s, c.settings, name, actor, changes)))
+    view = await services.update_service(c.in_change, c.settings, c.admin, name, actor, changes,
+                                         then=lambda _s, service: services.service_view(service))
     await c.changed_models()
     return with_backoffs(view, c)
 
@@ -74,13 +75,11 @@ async def remove_service(name: str, actor: AdminDep, c: ComponentsDep) -> None:
     await c.changed_models()
 
 
-@router.post("/services/{name}/refresh", dependencies=[needs(Need.OPERATE)], **answer(Service))
+@router.post("/services/{name}/refresh", dependencies=[needs(Need.OPERATE)],
+             **answer(Service, errors={409: SERVICE_CHANGED}))
 async def refresh_service(name: str, actor: AdminDep, c: ComponentsDep) -> dict[str, Any]:
-    def work(s: Session) -> dict[str, Any]:
-        service = services.get_service(s, name)
-        sync.sync_service(s, c.settings, service, actor=actor)
-        return services.service_view(service)
-    view = await c.in_change(work)
+    view = await sync.refresh(c.in_change, c.settings, c.admin, lambda s: services.get_service(s, name), actor,
+                              then=lambda _s, service: services.service_view(service))
     await c.changed_models()
     return view
 

@@ -25,6 +25,7 @@ from app.decisions.forward import Forwarder
 from app.decisions.openai_api import translate
 from app.routing.registry import Replica
 from infra_adapters.base import Backend, CallOptions, Reply
+from infra_adapters.streams import read_reply
 from infra_adapters.vllm import VllmBackend
 
 API = "openai-decisions"
@@ -95,9 +96,4 @@ async def _translated(backend: Backend, body: dict[str, Any], call: CallOptions)
 
 
 async def _post(backend: Backend, path: str, body: dict[str, Any], call: CallOptions) -> Reply:
-    stream = await backend.open(path, body, call)
-    try:
-        return Reply(stream.status, stream.content_type, await stream.read(call.max_reply_bytes),
-                     stream.retry_after, stream.credential_refused)
-    finally:
-        await stream.close()
+    return await read_reply(await backend.open(path, body, call), call.max_reply_bytes)

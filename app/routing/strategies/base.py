@@ -43,11 +43,11 @@ class StrategyBackend:
     def rejected_own_credential(self, answer: Reply | Stream) -> bool:
         return self.inner.rejected_own_credential(answer)
 
-    def read_version(self) -> str | None:
-        return self.inner.read_version()
+    async def read_version(self) -> str | None:
+        return await self.inner.read_version()
 
-    def list_models(self) -> list[RemoteModel]:
-        return self.inner.list_models()
+    async def list_models(self) -> list[RemoteModel]:
+        return await self.inner.list_models()
 
     def route(self, api: str) -> str | None:
         # The OpenAI Decisions API is translated onto /v1/systemone, that is onto this strategy,

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from openai import DefaultHttpxClient, OpenAI
 
-from infra_adapters.http import admin_tls
+from infra_adapters.admin import admin_tls
 from tests.support import Stack
 
 QWEN = "Qwen/Qwen3-0.6B"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from infra_adapters.http import admin_tls
+from infra_adapters.admin import admin_tls
 from tests.api.public.openai_sdk import QUESTIONS, TICKET
 from tests.support import Gateway, Stack, assert_error, body, decision, wait_for
 

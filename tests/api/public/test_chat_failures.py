@@ -14,12 +14,9 @@ import pytest
 from aiohttp import web
 
 from app.db.session import Database
-from app.services import service as services
-from app.settings import Settings
-from app.tenancy.service import CLI
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import Gateway, Stack, assert_error, decision, wait_for
+from tests.support import Gateway, Stack, add_service, assert_error, decision, wait_for
 
 MODEL = "talk"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -244,10 +241,8 @@ def three(stack: Stack) -> Iterator[tuple[Stack, list[OllamaState]]]:
     states = [stack.ollama_state, OllamaState(), OllamaState()]
     servers = [EmulatorServer(make_ollama_app(state)).start() for state in states[1:]]
     try:
-        with stack.db.session() as session:
-            for index, server in enumerate(servers, start=1):
-                services.add_service(session, Settings(database_url=stack.db.url), CLI, type="ollama-external",
-                                     url=server.url, name=f"ollama-{index}")
+        for index, server in enumerate(servers, start=1):
+            add_service(stack.db, type="ollama-external", url=server.url, name=f"ollama-{index}")
         wait_for(lambda: {len(e.replicas) for e in stack.gateway.app.components.registry.entries()} == {3})
         for index, state in enumerate(states):
             state.faults.status, state.faults.body = 503, b'{"error":"replica %d is overloaded"}' % index
@@ -274,9 +269,7 @@ def two(stack: Stack, gateway_factory: Callable[..., Gateway]) -> Iterator[tuple
     states = [stack.ollama_state, OllamaState()]
     server = EmulatorServer(make_ollama_app(states[1])).start()
     try:
-        with stack.db.session() as session:
-            services.add_service(session, Settings(database_url=stack.db.url), CLI, type="ollama-external",
-                                 url=server.url, name="ollama-1")
+        add_service(stack.db, type="ollama-external", url=server.url, name="ollama-1")
         stack.gateway = gateway_factory(replica_backoff=30)
         wait_for(lambda: {len(e.replicas) for e in stack.gateway.app.components.registry.entries()} == {2})
         yield stack, states
@@ -314,9 +307,7 @@ def test_a_replica_that_rejects_arbiters_key_is_passed_over_for_the_other(
     guarded = OllamaState()  # no key wanted while the service is added and synced
     server = EmulatorServer(make_ollama_app(guarded)).start()
     try:
-        with stack.db.session() as session:
-            services.add_service(session, Settings(database_url=stack.db.url), CLI, type="ollama-external",
-                                 url=server.url, name="guarded", credential="the-old-key")
+        add_service(stack.db, type="ollama-external", url=server.url, name="guarded", credential="the-old-key")
         stack.gateway = gateway_factory()
         wait_for(lambda: {len(e.replicas) for e in stack.gateway.app.components.registry.entries()} == {2})
         guarded.required_bearer = "rotated-elsewhere"

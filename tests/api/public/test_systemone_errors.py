@@ -14,7 +14,7 @@ import zstandard
 from sqlalchemy import update
 
 from app.db.models import ApiKey, Project
-from tests.support import Stack, assert_error, decision, tampered
+from tests.support import Stack, add_service, assert_error, decision, tampered
 
 
 def post(stack: Stack, body: Any, key: str | None = "project", **kwargs: Any) -> Any:
@@ -407,14 +407,9 @@ def test_a_slow_backend_is_504_within_the_timeout(stack: Stack, gateway_factory:
 def test_arbiters_own_credential_rejected_is_500(db: Any, vllm: Any, gateway_factory: Any) -> None:
     server, state = vllm
     state.required_bearer = "backend-secret"
-    from app.services import service as services
-    from app.settings import Settings
-    from app.tenancy.service import CLI
 
     built = Stack.provision(db)
-    with db.session() as session:
-        services.add_service(session, Settings(database_url=db.url), CLI, type="vllm", url=server.url,
-                             name="guarded", credential="backend-secret")
+    add_service(db, type="vllm", url=server.url, name="guarded", credential="backend-secret")
     built.gateway = gateway_factory()
     assert post(built, decision("Qwen/Qwen3-0.6B")).status_code == 200
     state.required_bearer = "rotated-elsewhere"

@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
+from infra_adapters.admin import admin_tls
 from infra_adapters.emulators.ollama import (
     OllamaState,
     default_library,
@@ -16,7 +17,6 @@ from infra_adapters.emulators.ollama import (
 )
 from infra_adapters.emulators.server import EmulatorServer
 from infra_adapters.emulators.vllm import VllmState, default_vllm_models, make_vllm_app
-from infra_adapters.http import admin_tls
 
 TIMEOUT = httpx.Timeout(3.0)
 
