@@ -10,17 +10,16 @@ from typing import Any
 
 from opentelemetry.trace import Span
 
-from app.errors import BackendFailed, InvalidRequest, UpstreamAuthFailed
+from app.errors import BackendFailed, InvalidRequest
 from app.routing.answers import rewrite_model
 from app.routing.forwarding import (
     FAULT_STATUSES,
     FaultAnswer,
-    TryAnother,
     Waited,
     backend_failure,
+    credential_refused,
     failover,
     failure_verdict,
-    rejected_credential,
 )
 from app.routing.registry import Registry, Replica
 from app.routing.router import ReplicaRouter
@@ -233,12 +232,9 @@ class _ChatForwarding:
             raise
         waited[0] += time.perf_counter() - started
         answer = Answer(replica, stream, model, call.max_reply_bytes, self._router, span, waited[0])
-        if replica.backend.rejected_own_credential(stream):
-            # About this service's key, not the request: another replica may take it (as for
-            # decisions), and the replica stays in (its other models' keys may be fine).
+        if replica.backend.rejected_own_credential(stream):  # about this service's key, not the request
             await answer.close()
-            self._registry.note_credential_rejected(replica)
-            raise TryAnother(UpstreamAuthFailed(rejected_credential(replica)), take_out=False)
+            raise credential_refused(self._registry, replica, stream.status)
         if stream.status in FAULT_STATUSES:  # nothing of it is sent yet
             raise FaultAnswer(answer)
         return answer

@@ -5,7 +5,6 @@ attempt reads the answer whole, its usage and warnings, in a CLIENT span of its 
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ from app.errors import (
     NotFound,
     TooLarge,
     Unsupported,
-    UpstreamAuthFailed,
 )
 from app.routing.answers import json_object, token_count, with_model
 from app.routing.forwarding import (
@@ -29,9 +27,9 @@ from app.routing.forwarding import (
     FaultAnswer,
     TryAnother,
     Waited,
+    credential_refused,
     failover,
     failure_verdict,
-    rejected_credential,
 )
 from app.routing.registry import ModelEntry, Registry, Replica
 from app.routing.router import ReplicaRouter
@@ -42,8 +40,6 @@ from app.tenancy.limits import RateLimiter, limits_of
 from app.tenancy.principal import Principal
 from app.tenancy.salts import TenantSalts
 from infra_adapters.base import BackendError, CallOptions, Reply
-
-log = logging.getLogger("arbiter.decisions")
 
 
 @dataclass(slots=True)
@@ -212,9 +208,7 @@ class Forwarder:
                                          "(an Ollama older than 0.35.0 or a vLLM without decisions)"),
                              take_out=False)
         if backend.rejected_own_credential(reply):
-            log.error("service %s rejected Arbiter's credential (HTTP %s)", replica.service_name, reply.status)
-            self._registry.note_credential_rejected(replica)
-            raise TryAnother(UpstreamAuthFailed(rejected_credential(replica)), take_out=False)
+            raise credential_refused(self._registry, replica, reply.status)
         if reply.status != 200:
             outcome = Outcome(reply.status, reply.content_type or "application/octet-stream",
                               reply.body, replica.provider, waited, retry_after=reply.retry_after,

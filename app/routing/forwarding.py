@@ -25,10 +25,11 @@ answer beats a generic error of ours), else the last replica's error, else the r
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol, TypeVar
 
-from app.errors import ArbiterError, BackendFailed
-from app.routing.registry import Replica
+from app.errors import ArbiterError, BackendFailed, UpstreamAuthFailed
+from app.routing.registry import Registry, Replica
 from app.routing.router import ReplicaRouter
 from infra_adapters.base import (
     BackendError,
@@ -43,6 +44,7 @@ from infra_adapters.base import (
 # an object with an __init__ cost ~250 ns on the hot path.
 Waited = list[float]
 FAULT_STATUSES = frozenset({502, 503, 504})  # a replica's own answers that take it out
+log = logging.getLogger("arbiter.forwarding")
 
 A = TypeVar("A")
 
@@ -133,6 +135,15 @@ def backend_failure(model: str, replica: Replica, exc: BackendError, max_reply_b
     if isinstance(exc, BackendUnreachable):
         return BackendFailed(502, f"the backend of model '{model}' could not be reached")
     return BackendFailed(502, f"the backend of model '{model}' broke the connection")
+
+
+def credential_refused(registry: Registry, replica: Replica, status: int) -> TryAnother:
+    """A replica refused Arbiter's own credential (decisions and chat alike): logged for the
+    operator, noted on the service's status, and another replica tried; this one stays in (its
+    other models' keys may be fine). The caller gets a 500 ``upstream_auth_error`` if none answers."""
+    log.error("service %s rejected Arbiter's credential (HTTP %s)", replica.service_name, status)
+    registry.note_credential_rejected(replica)
+    return TryAnother(UpstreamAuthFailed(rejected_credential(replica)), take_out=False)
 
 
 def rejected_credential(replica: Replica) -> str:

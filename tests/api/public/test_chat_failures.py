@@ -301,9 +301,10 @@ def test_a_replicas_own_503_beats_the_other_replicas_connection_error(
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat", "/v1/systemone"])
 def test_a_replica_that_rejects_arbiters_key_is_passed_over_for_the_other(
-        stack: Stack, gateway_factory: Callable[..., Gateway], path: str) -> None:
+        stack: Stack, gateway_factory: Callable[..., Gateway], path: str, caplog: pytest.LogCaptureFixture) -> None:
     """A service whose key was rotated elsewhere refuses Arbiter's credential: about that service,
-    not the request, so another replica answers it, on every route (not a 500 for a coin toss)."""
+    not the request, so another replica answers it, on every route (not a 500 for a coin toss),
+    and the operator is told in the log on every route too (chat said nothing once)."""
     guarded = OllamaState()  # no key wanted while the service is added and synced
     server = EmulatorServer(make_ollama_app(guarded)).start()
     try:
@@ -316,5 +317,7 @@ def test_a_replica_that_rejects_arbiters_key_is_passed_over_for_the_other(
             codes = [client.post(path, json=body).status_code for _ in range(4)]
         assert codes == [200] * 4
         assert any(r.path != "/api/version" and r.method == "POST" for r in guarded.requests)  # it was tried
+        refusals = [r for r in caplog.records if r.name == "arbiter.forwarding"]
+        assert refusals and refusals[0].getMessage() == "service guarded rejected Arbiter's credential (HTTP 401)"
     finally:
         server.stop()
