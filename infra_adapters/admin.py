@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import http.cookiejar
 import ssl
 from types import TracebackType
 from typing import Any, Self
@@ -115,13 +116,21 @@ class AdminClient:
         if self._client is None:
             # Never follow a backend's redirect (httpx's default, said here so it stays): an admin
             # call would carry Arbiter's credential to a URL of the backend's choosing.
-            self._client = httpx.AsyncClient(verify=admin_tls(), follow_redirects=False,
+            # And keep no cookie: the client is every backend's, and a cookie is not bound to a port,
+            # so one service's (a proxy's session, say) would go to the next service on its host,
+            # and keep a service answering after its key was changed or removed.
+            self._client = httpx.AsyncClient(verify=admin_tls(), follow_redirects=False, cookies=_no_cookies(),
                                              limits=httpx.Limits(max_connections=32, max_keepalive_connections=8))
             self._loop = loop
         elif loop is not self._loop:
             raise RuntimeError("an AdminClient serves the event loop it was first used on (its pool is bound "
                                "to it): make one AdminClient per running loop")
         return self._client
+
+
+def _no_cookies() -> http.cookiejar.CookieJar:
+    """A jar that takes no cookie from any answer."""
+    return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
 
 def _named(url: str, base: str | None) -> str:

@@ -197,6 +197,35 @@ def test_a_redirect_is_not_followed(answers: EmulatorServer) -> None:
     assert answers.app[FOLLOWED] == []
 
 
+def test_no_cookie_goes_from_one_backend_to_another() -> None:
+    """The client is every backend's, and a cookie is not bound to a port: one service's (a
+    proxy's session) would go along to the next service on the host, or keep a service answering
+    after its key was removed."""
+    seen: list[str | None] = []
+
+    async def sets(request: web.Request) -> web.Response:
+        return web.json_response({}, headers={"Set-Cookie": "session=abc; Path=/"})
+
+    async def reads(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Cookie"))
+        return web.json_response({})
+
+    first, second = web.Application(), web.Application()
+    first.router.add_get("/login", sets)
+    second.router.add_get("/version", reads)
+    first.router.add_get("/version", reads)
+
+    async def walk(a: str, b: str) -> None:
+        async with AdminClient() as admin:
+            await admin.request("GET", a + "/login")
+            await admin.request("GET", b + "/version")
+            await admin.request("GET", a + "/version")
+
+    with EmulatorServer(first) as a, EmulatorServer(second) as b:
+        asyncio.run(walk(a.url, b.url))
+    assert seen == [None, None]
+
+
 def test_no_message_carries_the_credentials_of_the_url(answers: EmulatorServer) -> None:
     """httpx sends a URL's user and password as Basic auth; the messages (shown to admins, logged,
     stored as a service's last error) name the backend without them."""
