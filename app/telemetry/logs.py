@@ -149,6 +149,9 @@ def configure(level: str) -> None:
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+    # httpx logs every request it sends at INFO ("HTTP Request: GET <url> ..."): each admin call to
+    # a backend, every few minutes per service, with the whole URL. Its warnings still show.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
 
 
 def current_trace_ids() -> tuple[str, str] | None:

@@ -188,3 +188,19 @@ def test_every_line_is_written_though_uvicorn_reconfigures_logging_and_the_proce
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     messages = [json.loads(line)["message"] for line in done.stderr.splitlines() if line.startswith("{")]
     assert messages == ["before"] + [f"after {i}" for i in range(2000)]
+
+
+def test_admin_calls_to_backends_are_not_logged_request_by_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """httpx logs each request it sends at INFO, with the whole URL: every admin call to every
+    backend would make a line (and a URL's query or user part would be in it)."""
+    from app.telemetry.logs import configure
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(logging.getLogger("httpx"), "level", logging.getLogger("httpx").level)
+    configure("INFO")
+    assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+    assert logging.getLogger("httpx").isEnabledFor(logging.WARNING)
+    configure("ERROR")
+    assert not logging.getLogger("httpx").isEnabledFor(logging.WARNING)
