@@ -52,13 +52,19 @@ class OllamaBackend(HttpBackendBase):
             if isinstance(name, str) and name:
                 listed.append((name, entry.get("details") or {}))
         calls = asyncio.Semaphore(SHOW_CALLS)
-        tasks: list[asyncio.Task[RemoteModel]] = []
+        tasks = [asyncio.ensure_future(self._described(name, details, calls)) for name, details in listed]
+        if not tasks:
+            return []
+        # Not a TaskGroup: on Python 3.11 one that is cancelling its children after a failure can
+        # swallow a cancel of its own task arriving meanwhile (the shutdown's), and never undoes
+        # the cancel it sends that task. Here a cancel of the listing cancels the calls and is raised.
         try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(self._described(name, details, calls)) for name, details in listed]
-        except BaseExceptionGroup:
-            pass  # raised below, as it came: the first failure in /api/tags order, not in time
-        for task in tasks:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for task in tasks:
+                task.cancel()  # those still under way: the listing failed, or was cancelled
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for task in tasks:  # the first failure in /api/tags order, not in time, raised as it came
             failure = None if task.cancelled() else task.exception()
             if failure is not None:
                 raise failure

@@ -91,6 +91,33 @@ def test_a_refused_key_stops_the_listing_and_the_calls_under_way() -> None:
     assert time.monotonic() - started < 5.0
 
 
+def test_a_cancelled_listing_gives_up_its_calls_and_is_cancelled() -> None:
+    """The shutdown cancels a sync listing an Ollama: the cancel is raised (not a BackendError that
+    would have the service written down as unreachable), and the /api/show calls under way end."""
+    state = OllamaState(models={"slow-a": ["decision"], "slow-b": ["decision"]})
+    app = make_ollama_app(state)
+    counts = _slow_show(app, {"slow-a": 30.0, "slow-b": 30.0})
+
+    async def walk(url: str) -> bool:
+        listing = asyncio.ensure_future(_listed(url))
+        while counts["now"] < 2:
+            await asyncio.sleep(0.01)
+        listing.cancel()
+        try:
+            await listing
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    started = time.monotonic()
+    with EmulatorServer(app) as server:
+        assert asyncio.run(walk(server.url))
+        deadline = time.monotonic() + 5
+        while counts["now"] and time.monotonic() < deadline:  # the server sees the calls' connections close
+            time.sleep(0.01)
+    assert counts["now"] == 0 and time.monotonic() - started < 5.0
+
+
 def test_delete_says_whether_the_model_was_there(ollama: tuple[EmulatorServer, OllamaState]) -> None:
     server, state = ollama
 
