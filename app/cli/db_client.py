@@ -9,6 +9,7 @@ bus, app/changes.py); without it, at their key cache's expiry or registry refres
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as dt
 import sys
 import uuid
@@ -210,7 +211,14 @@ class DatabaseClient:
             async with AdminClient(timeout=self.settings.backend_admin_timeout,
                                    connect_timeout=self.settings.backend_connect_timeout) as admin:
                 return await work(admin)
-        return asyncio.run(run())
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(run())
+        # Called from a thread that runs a loop already (a program embedding the CLI, a test
+        # driving a browser): asyncio.run refuses to start there, so the command's loop gets a thread.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(asyncio.run, run()).result()
 
     def _changed(self, kind: str) -> None:
         """Tell running servers at once, through the change bus's channel, when there is Redis."""

@@ -3,6 +3,7 @@ audit log says made it (``cli`` on the database, the admin key over HTTP)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from tests.cli.conftest import Result, Run
@@ -144,3 +145,12 @@ def test_service_add_in_both_modes(cli: Run, stack: Stack, mode: str) -> None:
     assert added.out.splitlines()[0] == "service 'lab' added (ollama-external, version 0.35.0)"
     assert "  model nimble (decision)" in added.out
     assert api(stack, "/admin/services/lab")["reachable"] is True
+
+
+def test_a_local_command_that_calls_a_backend_runs_where_a_loop_runs_already(cli: Run, stack: Stack) -> None:
+    """The local mode awaits the backend on an event loop of its own; called from a thread that
+    runs one already (a program embedding the CLI, a test driving a browser), it still runs."""
+    async def inside_a_loop() -> Result:
+        return cli("local", "service", "refresh", "ollama")
+
+    assert ok(asyncio.run(inside_a_loop())).out == "service 'ollama' refreshed (version 0.35.0, reachable)\n"
