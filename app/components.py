@@ -141,7 +141,9 @@ class Components:
         steps: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
             ("mesh", self.mesh.stop),
             ("installs", self.installer.aclose),
-            # The sync's task was cancelled with the others (its backend call given up): its lease goes.
+            # The sync's task was cancelled with the others (its backend call given up); a transaction
+            # of it already in a worker thread ends on its own first. Then its lease goes.
+            ("sync", lambda: self.sync.settled(TASKS_STOP_TIMEOUT)),
             ("sync lease", lambda: asyncio.to_thread(self.sync.release)),
             ("admin calls", self.admin.aclose),
             ("key touches", self.touches.flush),

@@ -31,6 +31,9 @@ from infra_adapters.ollama import OllamaBackend
 log = logging.getLogger("arbiter.installs")
 _PROGRESS_EVERY = 0.25  # seconds between progress writes
 FINISHED = ("succeeded", "failed", "cancelled")
+REMOVED_ELSEWHERE = ("was changed while '{name}' was being removed from its backend: it was removed from the one "
+                     "the service pointed at before, and its row here is kept; Refresh the service to see what "
+                     "the new one serves")
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,9 @@ class Installer:
         offered = None if pull else await self._offered(endpoint, service_name)
 
         def work(session: Session) -> tuple[int, dict[str, Any]]:
-            service = sync.checked(services.get_service(session, service_name), endpoint)
+            service = services.get_service(session, service_name)
+            if offered is not None:  # what the service offered is about the backend it pointed at
+                sync.checked(session, service, endpoint)
             planned = plan(session, self._settings, service, request, offered)
             if guard is not None:
                 guard(list(planned.capabilities))
@@ -359,7 +364,8 @@ class Installer:
 
         def work(session: Session) -> None:
             service, row = find(session)
-            sync.checked(service, endpoint)
+            if endpoint.type in OLLAMA_TYPES:  # removed from the backend the service pointed at
+                sync.checked(session, service, endpoint, REMOVED_ELSEWHERE.format(name=name))
             audit.record(session, actor=actor.name, action="model.uninstall",
                          target=f"model:{service.name}/{row.backend_name}", request_id=actor.request_id)
             session.delete(row)

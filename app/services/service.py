@@ -152,7 +152,9 @@ async def update_service(run: sync.Run[Any], settings: Settings, admin: AdminCli
     reading = await sync.try_read(after, settings, admin) if changes.keys() & _REREAD else None
 
     def write(session: Session) -> T:
-        service = sync.checked(get_service(session, name), before)
+        service = get_service(session, name)
+        if reading is not None:  # what the backend answered is about ``after``, made from ``before``
+            sync.checked(session, service, before)
         _check_update(service, changes)
         details = _apply(service, changes, after)
         if reading is not None:

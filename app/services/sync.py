@@ -7,10 +7,10 @@ import datetime as dt
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from app import audit
@@ -50,7 +50,7 @@ class Endpoint:
 
     type: str
     url: str
-    credential: str | None  # sealed, as stored
+    credential: str | None = field(repr=False)  # sealed, as stored
 
     @classmethod
     def of(cls, service: Service) -> Endpoint:
@@ -62,10 +62,23 @@ class ServiceChanged(Conflict):
     about a backend the service no longer points at, so nothing is written (try again)."""
 
 
-def checked(service: Service, endpoint: Endpoint) -> Service:
-    if Endpoint.of(service) != endpoint:
-        raise ServiceChanged(f"service '{service.name}' was changed while its backend was being read; "
-                             "nothing was written: try again")
+CHANGED = "was changed while its backend was being read; nothing was written: try again"
+
+
+def checked(session: Session, service: Service, endpoint: Endpoint, changed: str = CHANGED) -> Service:
+    """``service``, held for this transaction as it was when ``endpoint`` was read from it: a
+    guarded UPDATE takes the row (PostgreSQL's row lock, SQLite's write lock) only where it still
+    points there, so no change committed since, nor one committed before this transaction ends,
+    slips in between the check and the write. ServiceChanged (``changed`` says why) otherwise."""
+    credential = (Service.credential.is_(None) if endpoint.credential is None
+                  else Service.credential == endpoint.credential)
+    guard = (update(Service).where(Service.id == service.id, Service.type == endpoint.type,
+                                   Service.url == endpoint.url, credential)
+             .values(url=Service.url).execution_options(synchronize_session=False))
+    if session.execute(guard).rowcount != 1:  # type: ignore[attr-defined]
+        raise ServiceChanged(f"service '{service.name}' {changed}")
+    if Endpoint.of(service) != endpoint:  # read before the guard, in this transaction: as stale
+        session.refresh(service)
     return service
 
 
@@ -178,7 +191,7 @@ async def refresh(run: Run[Any], settings: Settings, admin: AdminClient | None, 
     raised. ``then`` makes the answer in the writing transaction (an API's view of the service)."""
     endpoint = await run(lambda s: Endpoint.of(find(s)))
     reading = await try_read(endpoint, settings, admin)
-    return await run(lambda s: then(s, record(s, checked(find(s), endpoint), reading, actor)))
+    return await run(lambda s: then(s, record(s, checked(s, find(s), endpoint), reading, actor)))
 
 
 def _names(session: Session, service: Service) -> list[str]:
@@ -245,7 +258,9 @@ def gate_of(model: Model, service: Service) -> str | None:
 class SyncLoop:
     """Reads every service at start-up and then on a schedule (versions and models). Its calls are
     awaited on the gateway's loop with no transaction open: stopping is cancelling its task, which
-    gives up the call under way at once and writes nothing for that service."""
+    gives up a backend call under way at once (nothing is written for that service). A transaction
+    already in its worker thread cannot be given up: it ends on its own, and ``settled`` waits for
+    it before the database closes."""
 
     def __init__(self, database: Database, settings: Settings, on_change: Callable[[], Any],
                  admin: AdminClient | None = None) -> None:
@@ -254,12 +269,26 @@ class SyncLoop:
         self._on_change = on_change
         self._admin = admin
         self.runs = 0  # syncs this process ran (the lease makes other replicas skip theirs)
+        self._transactions: set[asyncio.Future[Any]] = set()
+
+    async def _in_session(self, work: Callable[[Session], T]) -> T:
+        """``Database.in_session``, kept track of: a cancel reaches this task, not the thread."""
+        transaction = asyncio.ensure_future(self._database.in_session(work))
+        self._transactions.add(transaction)
+        transaction.add_done_callback(_settle)
+        transaction.add_done_callback(self._transactions.discard)
+        return await asyncio.shield(transaction)
+
+    async def settled(self, timeout: float) -> None:
+        """Until the transactions under way have ended (at most ``timeout`` seconds)."""
+        if self._transactions:
+            await asyncio.wait(set(self._transactions), timeout=timeout)
 
     async def sync_all(self) -> None:
-        ids = await self._database.in_session(lambda s: list(s.scalars(select(Service.id))))
+        ids = await self._in_session(lambda s: list(s.scalars(select(Service.id))))
         for service_id in ids:
             try:
-                await refresh(self._database.in_session, self._settings, self._admin,
+                await refresh(self._in_session, self._settings, self._admin,
                               functools.partial(_by_id, service_id=service_id), then=itself)
             except (NotFound, ServiceChanged):
                 continue  # removed, or changed (and read) by an admin meanwhile
@@ -285,6 +314,11 @@ class SyncLoop:
 
     def release(self) -> None:
         lease.release(self._database, LEASE)
+
+
+def _settle(transaction: asyncio.Future[Any]) -> None:
+    if not transaction.cancelled():
+        transaction.exception()  # retrieved: the sync's task reports it, or was cancelled and need not
 
 
 def itself(_session: Session, service: Service) -> Service:

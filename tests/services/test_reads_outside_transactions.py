@@ -137,8 +137,42 @@ def test_a_change_to_a_service_changed_meanwhile_is_refused(calls: Calls, stack:
             refused = admin.patch("/admin/services/ollama", json={"timeout": 30, "version_override": "0.40.0"})
         else:
             refused = admin.delete("/admin/services/ollama/models/nimble")
-        assert "changed while its backend was being read" in assert_error(refused, 409, "conflict_error")["error"]
+        said = assert_error(refused, 409, "conflict_error")["error"]
+        assert ("changed while its backend was being read; nothing was written" if change == "patch"
+                else "changed while 'nimble:latest' was being removed from its backend") in said, said
         view = body(admin.get("/admin/services/ollama"), 200)
         names = {m["public_name"] for m in body(admin.get("/admin/services/ollama/models"), 200)["data"]}
     assert (view["url"], view["timeout"], view["version_override"]) == (moved, None, None)
     assert "nimble" in names  # its row stays (the emulator did remove it: the admin refreshes to see)
+
+
+def test_a_change_that_calls_no_backend_is_not_refused_for_one_made_meanwhile(calls: Calls, stack: Stack) -> None:
+    """A new timeout alone reads nothing of the backend: another admin's new URL meanwhile is no
+    reason to refuse it (and both changes are kept)."""
+    moved = stack.ollama.url + "/"
+    made = len(calls.made)  # the start-up sync's
+
+    def refuse(url: str) -> None:
+        raise AssertionError(f"a new timeout called {url}")
+
+    with stack.db.session() as session:
+        session.query(Service).filter_by(name="ollama").one().url = moved
+    calls.before = refuse
+    with stack.client("admin") as admin:
+        view = body(admin.patch("/admin/services/ollama", json={"timeout": 30}), 200)
+    assert (view["url"], view["timeout"]) == (moved, 30) and len(calls.made) == made
+
+
+def test_the_check_and_the_write_are_one(db: Database, stack: Stack) -> None:
+    """The check that the row still points where the read was made and the write of what was
+    read hold the row together: a change committed between them (after the check's SELECT) is
+    seen, not overwritten. Before, the check was a comparison of the row as first read."""
+    from app.services import sync
+
+    with db.session() as session:
+        service = session.query(Service).filter_by(name="ollama").one()
+        endpoint = sync.Endpoint.of(service)
+        with db.session() as other:  # another admin commits a new URL after this one's SELECT
+            other.query(Service).filter_by(name="ollama").one().url = stack.ollama.url + "/"
+        with pytest.raises(sync.ServiceChanged):
+            sync.checked(session, service, endpoint)

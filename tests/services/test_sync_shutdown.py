@@ -5,16 +5,20 @@ from __future__ import annotations
 import asyncio
 import select
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from sqlalchemy.orm import Session
 
-from app.db.models import Service
+from app.db.models import Lease, Service, utcnow
 from app.db.session import Database
+from app.services.sync import SyncLoop
+from app.settings import Settings
 from infra_adapters.emulators.ollama import OllamaState, make_ollama_app
 from infra_adapters.emulators.server import EmulatorServer
-from tests.support import Gateway, add_service, wait_for
+from tests.support import Gateway, add_service, run_async, wait_for
 
 
 @pytest.fixture
@@ -81,3 +85,26 @@ def test_a_background_task_that_swallowed_its_cancel_does_not_hold_the_stop(
     started = time.monotonic()
     gateway.stop()
     assert time.monotonic() - started < 5  # not the task's 60 s
+
+
+def test_a_sync_cancelled_in_a_transaction_is_waited_for_before_the_database_closes(db: Database) -> None:
+    """A cancel reaches the sync's task, not the worker thread its transaction runs in: the stop
+    waits for that transaction (``settled``) before it disposes of the database."""
+    sync = SyncLoop(db, Settings(database_url=db.url), lambda: None)
+    started = threading.Event()
+
+    def slow_write(session: Session) -> None:
+        started.set()
+        time.sleep(0.5)
+        session.add(Lease(name="written-late", holder="test", expires_at=utcnow()))
+
+    async def walk() -> bool:
+        task = asyncio.create_task(sync._in_session(slow_write))
+        await asyncio.to_thread(started.wait, 5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sync.settled(5.0)
+        with db.session() as session:
+            return session.get(Lease, "written-late") is not None
+
+    assert run_async(walk())

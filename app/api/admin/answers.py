@@ -17,7 +17,8 @@ from pydantic import BaseModel, Field, RootModel
 Time = Annotated[str, Field(json_schema_extra={"format": "date-time"})]  # ISO 8601, in UTC
 Role = Literal["owner", "operator", "viewer", "project-admin"]
 # The 409 of a change that would make a decision model while a known mesh peer is too old for them.
-SERVICE_CHANGED = "the service's URL or key changed while its backend was being read (nothing written; try again)"
+SERVICE_CHANGED = ("the service's URL or key changed while its backend was being read (nothing written; try "
+                   "again)")
 MESH_WARNING = ("mesh_warning: a known mesh peer is too old for decision models (nothing is done; "
                 "send \"confirm\": true to go ahead)")
 
