@@ -36,6 +36,7 @@ from app.api.public.openai_decisions import OPENAI_DECISIONS_PATH, OpenAIDecisio
 from app.api.public.systemone import DECISION_PATH, SystemOneRoute
 from app.api.throttle import FailedKeyThrottle
 from app.components import Components
+from app.decisions.budget import DecodeBudget
 from app.decisions.offloop import OffLoop
 from app.decisions.openai_api.forward import OpenAIDecisionForwarder
 from app.settings import Settings
@@ -58,13 +59,14 @@ class Arbiter:
             cast(Any, FailedKeyThrottle(cast(ASGIApp, self.fastapi), c.throttle)),
             trusted_hosts=settings.forwarded_allow_ips))
         off_loop = OffLoop()  # one pool of body decoders for both decision routes
+        budget = DecodeBudget(settings.decode_budget_bytes)  # and one budget for what bodies grow to
         self.decisions = SystemOneRoute(c.keys, c.forwarder, c.touches, c.observer, c.tracing, settings,
-                                        c.mesh.auth, off_loop)
-        self.chat = ChatRoute(c.keys, c.chat, c.touches, c.observer, settings, c.mesh.auth)
+                                        c.mesh.auth, off_loop, budget)
+        self.chat = ChatRoute(c.keys, c.chat, c.touches, c.observer, settings, c.mesh.auth, budget, off_loop)
         # The same registry, replica router (in-flight counts, back-off), limiter and tracing.
         openai = OpenAIDecisionForwarder(c.registry, c.router, settings, c.tracing, c.limiter)
         self.openai_decisions = OpenAIDecisionsRoute(c.keys, openai, c.touches, c.observer, c.tracing, settings,
-                                                     c.mesh.auth, off_loop)
+                                                     c.mesh.auth, off_loop, budget)
         self.route_templates = RouteTemplates(self.fastapi)
         self._observer = c.observer
         self._stack: ASGIApp = build_stack(self._route, c.metrics,

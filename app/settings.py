@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     # Limits (SPEC §1).
     max_body_bytes: int = Field(32 * MiB, description="Largest request body, after decoding.")
     max_response_bytes: int = Field(16 * MiB, description="Largest backend answer accepted.")
+    decode_budget_bytes: int = Field(
+        128 * MiB, description="Most memory that request bodies may grow to at once while decoded "
+                               "(decompressed, images made base64); past it 503 with Retry-After.")
     default_text_limit: int = Field(
         64 * 1024, description="Text limit of a new service (its own setting overrides)."
     )
@@ -173,7 +176,7 @@ class Settings(BaseSettings):
         False, description="Open /docs, /redoc and /openapi.json without an admin key."
     )
 
-    @field_validator("max_body_bytes", "max_response_bytes", "default_text_limit")
+    @field_validator("max_body_bytes", "max_response_bytes", "default_text_limit", "decode_budget_bytes")
     @classmethod
     def _positive(cls, value: int) -> int:
         if value <= 0:

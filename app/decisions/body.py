@@ -6,13 +6,16 @@ decompression bomb is a 413, never an out-of-memory.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import zlib
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, cast
 
 import zstandard
 
+from app.decisions import zstdframes
+from app.decisions.budget import FREE_BYTES, Reservation
 from app.errors import InvalidRequest, TooLarge, UnsupportedEncoding
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -48,26 +51,47 @@ def _too_large(cap: int) -> TooLarge:
     return TooLarge(f"the body is over the {cap}-byte limit")
 
 
+STEP = 1 << 20  # decoded at most this much at a time, then the event loop runs (~1 ms of zstd)
+
+
+class _Decoded:
+    """The decoded bytes of a body, grown a step at a time: each step reserves its bytes past the
+    first MiB from the decode budget (budget.py) and lets the event loop run before the next."""
+
+    def __init__(self, cap: int, grow: Reservation | None) -> None:
+        self.cap = cap
+        self.out = bytearray()
+        self._grow = grow
+
+    async def add(self, chunk: bytes) -> None:
+        before = len(self.out)
+        self.out += chunk
+        if len(self.out) > self.cap:
+            raise _too_large(self.cap)
+        if len(self.out) > FREE_BYTES:  # a big body: the hot path's never gets here
+            if self._grow is not None:
+                self._grow.take(len(self.out) - max(before, FREE_BYTES))
+            await asyncio.sleep(0)
+
+
 class _Gzip:
     """Streaming gzip with a cap on the output; concatenated members included."""
 
-    def __init__(self, cap: int) -> None:
-        self._cap = cap
-        self._out = bytearray()
+    def __init__(self, decoded: _Decoded) -> None:
+        self._decoded = decoded
         self._d = zlib.decompressobj(31)
         self._in_member = False  # the current member has had input
 
-    def feed(self, data: bytes) -> None:
+    async def feed(self, data: bytes) -> None:
+        decoded = self._decoded
         while data:
             self._in_member = True
-            room = self._cap - len(self._out) + 1
+            room = min(decoded.cap - len(decoded.out) + 1, STEP)
             try:
                 chunk = self._d.decompress(data, room)
             except zlib.error as exc:
                 raise InvalidRequest(f"the gzip body is corrupt: {exc}") from exc
-            self._out += chunk
-            if len(self._out) > self._cap:
-                raise _too_large(self._cap)
+            await decoded.add(chunk)
             if self._d.eof:
                 data = self._d.unused_data
                 self._d = zlib.decompressobj(31)
@@ -77,50 +101,37 @@ class _Gzip:
                 if not data and not chunk:
                     break
 
-    def finish(self) -> bytes:
+    async def finish(self) -> bytearray:
         if self._in_member and not self._d.eof:
-            tail = self._d.flush()
-            self._out += tail
-            if len(self._out) > self._cap:
-                raise _too_large(self._cap)
+            await self._decoded.add(self._d.flush())
             if not self._d.eof:
                 raise InvalidRequest("the gzip body is truncated")
-        return bytes(self._out)
+        return self._decoded.out
 
 
-def _zstd(compressed: bytes, cap: int) -> bytes:
-    # stream_reader().read(n): a frame's declared size cannot be trusted.
+async def _zstd(compressed: bytes, decoded: _Decoded) -> bytearray:
+    # Every frame whole first (zstdframes.py: headers only, nothing decoded): stream_reader returns
+    # a prefix of a truncated frame without complaint. Then stream_reader().read(n), a step at a
+    # time: a frame's declared size cannot be trusted.
+    if not zstdframes.whole(compressed):
+        raise InvalidRequest("the zstd body is truncated or is not zstd")
     reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(compressed), read_across_frames=True)
-    out = bytearray()
     try:
         while True:
-            chunk = reader.read(min(1 << 20, cap - len(out) + 1))
+            chunk = reader.read(min(STEP, decoded.cap - len(decoded.out) + 1))
             if not chunk:
                 break
-            out += chunk
-            if len(out) > cap:
-                raise _too_large(cap)
-        # The capped read above bounds the output; this pass proves every frame is whole
-        # (stream_reader returns a prefix of a truncated frame without complaint).
-        _check_zstd_frames(compressed)
+            await decoded.add(chunk)
     except zstandard.ZstdError as exc:
         raise InvalidRequest(f"the zstd body is corrupt: {exc}") from exc
-    return bytes(out)
+    return decoded.out
 
 
-def _check_zstd_frames(data: bytes) -> None:
-    decompressor = zstandard.ZstdDecompressor()
-    while data:
-        frame = decompressor.decompressobj()
-        frame.decompress(data)
-        if not frame.eof:
-            raise InvalidRequest("the zstd body is truncated")
-        data = frame.unused_data
-
-
-async def read_body(receive: Receive, encoding: str, cap: int) -> bytes:
-    """The decoded body, or TooLarge as soon as the cap is passed."""
-    gzip = _Gzip(cap) if encoding == "gzip" else None
+async def read_body(receive: Receive, encoding: str, cap: int, grow: Reservation | None = None) -> bytes:
+    """The decoded body, or TooLarge as soon as the cap is passed. A compressed body is decoded a
+    step at a time, its growth reserved on ``grow`` (BackendFailed 503 when the budget is spent).
+    A decoded body is a bytearray: copied into bytes, it would take twice its size for a moment."""
+    gzip = _Gzip(_Decoded(cap, grow)) if encoding == "gzip" else None
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -130,7 +141,7 @@ async def read_body(receive: Receive, encoding: str, cap: int) -> bytes:
         data = message.get("body", b"")
         if data:
             if gzip is not None:
-                gzip.feed(data)
+                await gzip.feed(data)
             else:
                 size += len(data)
                 if size > cap:
@@ -139,9 +150,9 @@ async def read_body(receive: Receive, encoding: str, cap: int) -> bytes:
         if not message.get("more_body", False):
             break
     if gzip is not None:
-        return gzip.finish()
+        return cast(bytes, await gzip.finish())  # read-only from here: a bytes-like, never copied
     raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    return _zstd(raw, cap) if encoding == "zstd" else raw
+    return cast(bytes, await _zstd(raw, _Decoded(cap, grow))) if encoding == "zstd" else raw
 
 
 class ClientGone(Exception):

@@ -69,14 +69,45 @@ class Forwarder:
         self._tracing = tracing or Tracing(None, state=False, state_max_bytes=0)
         self._salts = TenantSalts(settings)
 
-    async def decide(self, principal: Principal, body: dict[str, Any], request: DecisionRequest,
-                     raw_length: int, headers: dict[str, str], *, only: int | None = None) -> Outcome:
-        """Check and forward one decision. ``only`` (a service id) pins the replica (the Test action)."""
-        model = request.model  # the answer's ``model``: the name the caller sent, an alias's too
+    async def admit(self, principal: Principal) -> None:
+        """Spend one request from the principal's rate limits (RateLimited, 429, when one is spent).
+        The public routes call it before the body is read: nothing that grows with a body is done
+        for a caller whose limit is spent (issue #30)."""
+        requests, tokens = limits_of(principal)
+        if self._limiter is not None and (requests or tokens):
+            await self._limiter.admit(requests, tokens)
+
+    def entry_for(self, principal: Principal, model: str) -> ModelEntry:
+        """The model a caller named, as this node serves it: 403 when the principal may not use
+        it (whether or not it exists), 404 when no node has it. In memory: no parsing, no I/O."""
         target = self._registry.resolve(model)
         principal.authorize(target, model)
-        entry = self._registry.find(target, principal.mesh_hops)
-        replicas = self._eligible(entry, body, request, raw_length)
+        return self._registry.find(target, principal.mesh_hops)
+
+    def check_text(self, entry: ModelEntry, body: dict[str, Any], raw_length: int) -> list[Replica]:
+        """The replicas whose text limit the body's text fits (SPEC §1: the body without its media
+        fields, as compact JSON; measured only when ``raw_length`` is over the smallest limit), or
+        TooLarge (413) when none does."""
+        replicas = entry.replicas
+        if raw_length <= min(r.text_limit for r in replicas):
+            return replicas
+        text = len(jsonbody.dumps({k: v for k, v in body.items() if k not in MEDIA_FIELDS}))
+        replicas = [r for r in replicas if text <= r.text_limit]
+        if not replicas:
+            raise TooLarge(f"the request's text is {text} bytes, over the "
+                           f"{max(r.text_limit for r in entry.replicas)}-byte limit of "
+                           f"model '{entry.public_name}' (media fields do not count; the limit is a "
+                           "setting of the service that runs the model)")
+        return replicas
+
+    async def decide(self, principal: Principal, body: dict[str, Any], request: DecisionRequest,
+                     raw_length: int, headers: dict[str, str], *, only: int | None = None,
+                     admitted: bool = False) -> Outcome:
+        """Check and forward one decision. ``only`` (a service id) pins the replica (the Test
+        action); ``admitted``: the route spent the request from the rate limits already."""
+        model = request.model  # the answer's ``model``: the name the caller sent, an alias's too
+        entry = self.entry_for(principal, model)
+        replicas = self._eligible(entry, self.check_text(entry, body, raw_length), request)
         # A media check, so after 403, 404 and the text limit (SPEC §1's order).
         if request.remote_media and not self._settings.allow_remote_media_urls:
             raise InvalidRequest("remote media URLs are not accepted; send base64 or data: URLs "
@@ -85,9 +116,9 @@ class Forwarder:
             replicas = [r for r in replicas if r.service_id == only]
             if not replicas:
                 raise NotFound(f"model '{model}' is not served by that service")
-        requests, tokens = limits_of(principal)
-        if self._limiter is not None and (requests or tokens):
-            await self._limiter.admit(requests, tokens)
+        if not admitted:
+            await self.admit(principal)
+        tokens = limits_of(principal)[1]
         options = CallOptions(timeout=0.0, max_reply_bytes=self._settings.max_response_bytes,
                               headers=headers, tenant_salt=self._salts.of_caller(principal),
                               mesh_hops=principal.mesh_hops)
@@ -101,36 +132,28 @@ class Forwarder:
     def early_limit(self, principal: Principal, probe: Probe) -> tuple[int, Callable[[int], ArbiterError]]:
         """The text limit a body is held to before it is decoded, and its refusal for a text
         floor over it: its model's limit (413); and when its model is no use (missing, 403, 404),
-        every service's limit here, with that refusal (no body that big is decoded to be refused).
-        A body under it is decoded and checked in full, in SPEC §1's order."""
-        largest = max((r.text_limit for e in self._registry.entries() for r in e.replicas),
-                      default=self._settings.default_text_limit)
+        the smallest limit of any service here, with that refusal (no body is decoded to be
+        refused, and none bigger than every model takes). A body under it is decoded and checked
+        in full, in SPEC §1's order."""
         if probe.model is None:
             problem = probe.model_problem()
-            return largest, lambda _floor: problem
+            return self._smallest_limit(), lambda _floor: problem
         try:
-            target = self._registry.resolve(probe.model)
-            principal.authorize(target, probe.model)
-            entry = self._registry.find(target, principal.mesh_hops)
+            entry = self.entry_for(principal, probe.model)
         except ArbiterError as error:
             refusal = error
-            return largest, lambda _floor: refusal
+            return self._smallest_limit(), lambda _floor: refusal
         limit = max(r.text_limit for r in entry.replicas)
         return limit, lambda floor: TooLarge(
             f"the request's text is at least {floor} bytes, over the {limit}-byte limit of "
-            f"model '{entry.public_name}' (media fields do not count)")
+            f"model '{entry.public_name}' (media fields do not count; the limit is a setting of the "
+            "service that runs the model)")
 
-    def _eligible(self, entry: ModelEntry, body: dict[str, Any], request: DecisionRequest,
-                  raw_length: int) -> list[Replica]:
-        replicas = entry.replicas
-        smallest = min(r.text_limit for r in replicas)
-        if raw_length > smallest:
-            text = len(jsonbody.dumps({k: v for k, v in body.items() if k not in MEDIA_FIELDS}))
-            replicas = [r for r in replicas if text <= r.text_limit]
-            if not replicas:
-                raise TooLarge(f"the request's text is {text} bytes, over the "
-                               f"{max(r.text_limit for r in entry.replicas)}-byte limit of "
-                               f"model '{entry.public_name}' (media fields do not count)")
+    def _smallest_limit(self) -> int:
+        return min((r.text_limit for e in self._registry.entries() for r in e.replicas),
+                   default=self._settings.default_text_limit)
+
+    def _eligible(self, entry: ModelEntry, replicas: list[Replica], request: DecisionRequest) -> list[Replica]:
         for field in request.media:
             needed = MEDIA_FIELDS[field]
             replicas = [r for r in replicas if needed in r.capabilities]

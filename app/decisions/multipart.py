@@ -31,15 +31,19 @@ def is_multipart(content_type: str | None) -> bool:
 
 @dataclass(slots=True)
 class Form:
-    """The parts of a multipart body: the JSON of the request, and every other part by name."""
+    """The parts of a multipart body: the JSON of the request, and every other part by name. A
+    part is a view of the body's own bytes where it can be (never a copy of a 24 MiB image)."""
 
     request: bytes
-    files: dict[str, bytearray]
+    files: dict[str, Part]
+
+
+Part = bytes | memoryview
 
 
 def read_form(raw: bytes, content_type: str) -> Form:
     """The parts of ``raw``, or ValidationFailed (400) naming the bad part or the fault."""
-    reader = _Reader()
+    reader = _Reader(raw)
     try:
         parser = MultipartParser(_boundary(content_type), reader.callbacks())
         parser.write(raw)
@@ -68,15 +72,18 @@ def _boundary(content_type: str) -> bytes:
 
 @dataclass(slots=True)
 class _Reader:
-    """The parser's callbacks: each part's headers and bytes, kept by the part's name."""
+    """The parser's callbacks: each part's headers and bytes, kept by the part's name. A part's
+    bytes are kept as ranges of the body while the parser hands them out of it, and copied only
+    where it hands out its own buffer (bytes it held back while they looked like a boundary)."""
 
-    parts: dict[str, bytearray] = field(default_factory=dict)
+    raw: bytes
+    parts: dict[str, Part] = field(default_factory=dict)
     ended: bool = False
     _header: bytearray = field(default_factory=bytearray)
     _value: bytearray = field(default_factory=bytearray)
     _disposition: bytes | None = None
     _name: str = ""
-    _data: bytearray = field(default_factory=bytearray)
+    _pieces: list[tuple[int, int] | bytes] = field(default_factory=list)
 
     def callbacks(self) -> MultipartCallbacks:
         return {"on_part_begin": self._begin, "on_header_field": self._header_field,
@@ -88,7 +95,7 @@ class _Reader:
         if len(self.parts) >= MAX_PARTS:
             raise invalid(f"the multipart body has more than {MAX_PARTS} parts", "multipart_parts")
         self._disposition = None
-        self._data = bytearray()
+        self._pieces = []
 
     def _header_field(self, data: bytes, start: int, end: int) -> None:
         self._header += data[start:end]
@@ -113,10 +120,21 @@ class _Reader:
             raise invalid(f"the multipart body has two parts named '{self._name}'", "multipart_part")
 
     def _part_data(self, data: bytes, start: int, end: int) -> None:
-        self._data += data[start:end]
+        pieces = self._pieces
+        if data is not self.raw:
+            pieces.append(data[start:end])
+        elif pieces and isinstance(pieces[-1], tuple) and pieces[-1][1] == start:
+            pieces[-1] = (pieces[-1][0], end)  # the parser's callbacks split one run of the body
+        else:
+            pieces.append((start, end))
 
     def _part_end(self) -> None:
-        self.parts[self._name] = self._data  # the next part begins with a new one
+        pieces = self._pieces
+        if len(pieces) == 1 and isinstance(pieces[0], tuple):
+            self.parts[self._name] = memoryview(self.raw)[pieces[0][0]:pieces[0][1]]
+        else:
+            self.parts[self._name] = b"".join(
+                p if isinstance(p, bytes) else memoryview(self.raw)[p[0]:p[1]] for p in pieces)
 
     def _end(self) -> None:
         self.ended = True

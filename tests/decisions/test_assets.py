@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.decisions.assets import attach
+from app.decisions.assets import MAX_ASSETS, attach, base64_size, plan
 from app.errors import ValidationFailed
 
 
@@ -62,3 +62,30 @@ def test_an_asset_that_does_not_fit_is_a_400_at_its_place(
         attach({"state": "s", "assets": assets}, {k: bytearray(v) for k, v in files.items()})
     [problem] = raised.value.problems
     assert problem["loc"] == ["body", *loc] and says in problem["msg"]
+
+
+def test_references_sharing_long_prefixes_are_replaced_in_one_pass() -> None:
+    """A regex alternation of these backtracked over their shared prefix at every position of
+    the state (issue #30: 62 KB held the event loop 2.2 s); the automaton reads each character
+    once, and the longest reference still wins where two start at one place."""
+    references = ["a" * 250 + f"#{i}" for i in range(MAX_ASSETS - 1)] + ["a" * 250]
+    state = "a" * 30_000 + "#7" + "b"
+    body: dict[str, Any] = {"state": state, "assets": {r: {"data_base64": "QUJD"} for r in references}}
+    planned = plan(body, {})
+    assert planned is not None
+    grown = planned.mark(body)
+    # Leftmost first: the 250 a's at the start are the short reference (image 63), and so on,
+    # until the last 250 a's before "#7", which are the longest match there: "aaa...#7" (image 7).
+    runs, rest = divmod(30_000 - 250, 250)
+    assert body["state"] == "[img-63]" * runs + "a" * rest + "[img-7]" + "b"
+    assert grown == len(body["state"]) - len(state)
+
+
+def test_the_plan_weighs_the_images_before_encoding_them() -> None:
+    body: dict[str, Any] = {"state": "x", "images": ["QUJD"],
+                            "assets": {"r": {"part": "a"}, "s": {"data_base64": "REVG"}}}
+    planned = plan(body, {"a": memoryview(b"12345")})
+    assert planned is not None and planned.encoded_bytes == base64_size(5) == 8
+    assert "images" in body and body["images"] == ["QUJD"]  # nothing encoded yet
+    planned.encode(body)
+    assert body["images"] == ["QUJD", b64(b"12345"), "REVG"]

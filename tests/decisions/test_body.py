@@ -15,7 +15,8 @@ import pytest
 import zstandard
 
 from app.decisions.body import ClientGone, check_length, content_encoding, read_body
-from app.errors import InvalidRequest, TooLarge, UnsupportedEncoding
+from app.decisions.budget import DecodeBudget
+from app.errors import BackendFailed, InvalidRequest, TooLarge, UnsupportedEncoding
 
 MiB = 1024 * 1024
 BOMB_SIZE = 200 * MiB
@@ -48,8 +49,8 @@ def split(data: bytes, size: int) -> list[bytes]:
     return [data[i:i + size] for i in range(0, len(data), size)] or [b""]
 
 
-def read(chunks: Iterable[bytes], encoding: str, cap: int, **kwargs: Any) -> bytes:
-    return asyncio.run(read_body(FakeReceive(chunks, **kwargs), encoding, cap))
+def read(chunks: Iterable[bytes], encoding: str, cap: int, grow: Any = None, **kwargs: Any) -> bytes:
+    return asyncio.run(read_body(FakeReceive(chunks, **kwargs), encoding, cap, grow))
 
 
 def zstd(data: bytes, **kwargs: Any) -> bytes:
@@ -406,3 +407,57 @@ def test_content_length_must_be_plain_digits(header: str) -> None:
 
     with pytest.raises(InvalidRequest):
         check_length(header, 1000)
+
+
+# --- read_body: big decodes let the event loop run, and reserve what they grow to ---------------
+
+def _ticks_while(reading: Any) -> tuple[Any, int]:
+    """What ``reading`` returned, and how often another task ran meanwhile."""
+    async def both() -> tuple[Any, int]:
+        ticks = 0
+        done = False
+
+        async def other() -> None:
+            nonlocal ticks
+            while not done:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(other())
+        await asyncio.sleep(0)
+        before = ticks
+        try:
+            result = await reading()
+        finally:
+            done = True
+            await task
+        return result, ticks - before
+
+    return asyncio.run(both())
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "zstd"])
+def test_a_big_decode_lets_the_event_loop_run_between_steps(encoding: str) -> None:
+    data = bytes(20 * MiB)
+    packed = gzip.compress(data) if encoding == "gzip" else zstd(data)
+    out, ticks = _ticks_while(lambda: read_body(FakeReceive([packed]), encoding, 32 * MiB))
+    assert out == data
+    assert ticks >= 10  # a step of at most 1 MiB at a time: /healthz is answered in between
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "zstd"])
+def test_what_a_body_grows_to_is_reserved_from_the_budget(encoding: str) -> None:
+    data = bytes(5 * MiB)
+    packed = gzip.compress(data) if encoding == "gzip" else zstd(data)
+    budget = DecodeBudget(64 * MiB)
+    grown = budget.reservation()
+    assert read([packed], encoding, 32 * MiB, grow=grown) == data
+    assert grown.held == budget.used == 4 * MiB  # past the first, free MiB
+    others = budget.reservation()
+    others.take(58 * MiB)  # with the first body's 4: 62 of 64 held
+    with pytest.raises(BackendFailed) as refused:
+        read([packed], encoding, 32 * MiB, grow=budget.reservation())
+    assert refused.value.status == 503
+    small = read([zstd(JSON) if encoding == "zstd" else gzip.compress(JSON)], encoding, 1024,
+                 grow=budget.reservation())
+    assert small == JSON  # the hot path's bodies take none of it

@@ -15,6 +15,8 @@ from app.api.asgi import Receive, Scope, Send, send_bytes, send_error, unless_cl
 from app.api.public.intake import take
 from app.chat import tokens
 from app.chat.forward import ChatForwarder
+from app.decisions.budget import DecodeBudget
+from app.decisions.offloop import OFF_LOOP_BYTES, OffLoop
 from app.errors import ArbiterError, BackendFailed
 from app.mesh.auth import MeshAuth
 from app.settings import Settings
@@ -30,8 +32,11 @@ PATHS = {"/v1/chat/completions": "openai-chat", "/api/chat": "ollama-chat"}
 
 class ChatRoute:
     def __init__(self, keys: KeyCache, forwarder: ChatForwarder, touches: KeyTouches, observer: Observer,
-                 settings: Settings, mesh: MeshAuth | None = None) -> None:
+                 settings: Settings, mesh: MeshAuth | None = None, budget: DecodeBudget | None = None,
+                 off_loop: OffLoop | None = None) -> None:
         self.mesh = mesh
+        self.budget = budget or DecodeBudget(settings.decode_budget_bytes)
+        self.off_loop = off_loop or OffLoop()
         self.keys = keys
         self.forwarder = forwarder
         self.touches = touches
@@ -41,7 +46,7 @@ class ChatRoute:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         api = PATHS[scope["path"]]
-        intake = await take(scope, receive, send, self.keys, self.max_body, mesh=self.mesh)
+        intake = await take(scope, receive, send, self.keys, self.max_body, mesh=self.mesh, budget=self.budget)
         if intake is None:
             return
         principal = intake.principal
@@ -54,13 +59,15 @@ class ChatRoute:
                 record.status = record.status or 499  # nothing sent yet: nginx's "client closed request"
                 record.error_type = "client_closed"
         finally:
+            intake.done()
             record.seconds = time.perf_counter() - started
             self.observer.finish(record)
 
     async def _serve(self, send: Send, api: str, raw: bytes, headers: dict[str, str], principal: Principal,
                      record: RequestRecord) -> None:
         try:
-            body = jsonbody.loads(raw)
+            # A big body is decoded off the loop (offloop.py), as a decision's is.
+            body = jsonbody.loads(raw) if len(raw) <= OFF_LOOP_BYTES else await self.off_loop.run(jsonbody.loads, raw)
             replicas = self.forwarder.check(principal, body, api)
             record.model = body["model"]
             await self.forwarder.admit(principal)

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 
 from app.api.asgi import Receive, Scope, Send, header_map, send_error
 from app.decisions.body import ClientGone, check_length, content_encoding, read_body
+from app.decisions.budget import DecodeBudget, Reservation
 from app.decisions.multipart import is_multipart
-from app.errors import ArbiterError
+from app.errors import ArbiterError, PermissionDenied
 from app.mesh.auth import SCHEME, MeshAuth, MeshCredentialRefused, Refusal, request_target
 from app.telemetry.record import RequestRecord
 from app.tenancy.keycache import KeyCache
@@ -23,14 +24,22 @@ _HEADERS = frozenset({b"authorization", b"content-length", b"content-encoding", 
 _PROPAGATED = ("traceparent", "tracestate")
 # Sends an error in a route's error shape: ``(send, error, close=...)``.
 ErrorSender = Callable[..., Awaitable[None]]
+# Spends a request from the caller's rate limits, or raises RateLimited (429).
+Admission = Callable[[Principal], Awaitable[None]]
 
 
 @dataclass(slots=True)
 class Intake:
     principal: Principal
-    raw: bytes
+    raw: bytes  # a decoded body is a bytearray, read as bytes (body.py)
     forward_headers: dict[str, str]  # what goes on to the backend: trace context, request id
     form_type: str | None = None  # a multipart body's Content-Type (decisions/multipart.py)
+    grown: Reservation | None = None  # what the body grew to, reserved from the decode budget
+
+    def done(self) -> None:
+        """Give back the decode budget this request took (once its answer has gone)."""
+        if self.grown is not None:
+            self.grown.release()
 
     def record(self, scope: Scope, operation: str) -> RequestRecord:
         """The record of this request, for metrics, logs and usage; its access line is the
@@ -43,11 +52,16 @@ class Intake:
 
 
 async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_body: int,
-               send_error: ErrorSender = send_error, mesh: MeshAuth | None = None) -> Intake | None:
+               send_error: ErrorSender = send_error, mesh: MeshAuth | None = None,
+               admit: Admission | None = None, budget: DecodeBudget | None = None) -> Intake | None:
     """The caller and the body. A tenant sends a project key; a mesh peer forwarding a request
     sends its mesh credential instead (proved on the head; the body, once read, against its signed
     digest). Hop headers a tenant sends are never read: only the signed credential says how many
-    hops a request took."""
+    hops a request took.
+
+    Cheap before costly (issue #30): an archived project (403) and a spent rate limit (``admit``:
+    429) are refused on the head, before a byte of the body is read or decoded; a compressed body's
+    growth is reserved from ``budget`` as it is decoded (503 when other bodies hold it)."""
     headers = header_map(scope, _HEADERS)
     authorization = headers.get("authorization")
     claim = None
@@ -61,22 +75,31 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
             principal = Principal.mesh_node(claim.node, claim.hops, claim.salt)
         else:
             principal = await keys.authenticate(authorization, "project")
+            if principal.archived:
+                raise PermissionDenied(f"project '{principal.project_name}' is archived")
         check_length(headers.get("content-length"), max_body)  # SPEC §1: length, then encoding
         encoding = content_encoding(headers.get("content-encoding"))
+        if admit is not None:
+            await admit(principal)
     except ArbiterError as error:
         await send_error(send, error, close=True)  # the body is unread: do not parse it as a request
         return None
+    grown = budget.reservation() if budget is not None and encoding != "identity" else None
     try:
-        raw = await read_body(receive, encoding, max_body)
+        raw = await read_body(receive, encoding, max_body, grown)
         if claim is not None and mesh is not None:
             mesh.verify_body(claim, raw)
     except ClientGone:
+        if grown is not None:
+            grown.release()
         return None
     except ArbiterError as error:
+        if grown is not None:
+            grown.release()
         await send_error(send, error, close=True)
         return None
     forward_headers = {name: headers[name] for name in _PROPAGATED if name in headers}
     forward_headers["X-Request-Id"] = scope["state"]["request_id"]
     content_type = headers.get("content-type")  # its first byte only, for a JSON body (~50 ns)
     multipart = content_type is not None and content_type[:1] in "mM" and is_multipart(content_type)
-    return Intake(principal, raw, forward_headers, content_type if multipart else None)
+    return Intake(principal, raw, forward_headers, content_type if multipart else None, grown)

@@ -15,12 +15,13 @@ from typing import Any, ClassVar
 from app import jsonbody
 from app.api import asgi
 from app.api.asgi import Receive, Scope, Send, send_bytes
-from app.api.public.intake import take
+from app.api.public.intake import Intake, take
 from app.decisions import assets, multipart, schema, textbound
+from app.decisions.budget import DecodeBudget
 from app.decisions.forward import Forwarder, Outcome
 from app.decisions.offloop import OFF_LOOP_BYTES, OffLoop
 from app.decisions.schema import DecisionRequest
-from app.errors import ArbiterError, InvalidRequest
+from app.errors import ArbiterError, InvalidRequest, TooLarge
 from app.mesh.auth import MeshAuth
 from app.settings import Settings
 from app.telemetry.observer import Observer
@@ -46,9 +47,10 @@ class SystemOneRoute:
 
     def __init__(self, keys: KeyCache, forwarder: Forwarder, touches: KeyTouches, observer: Observer,
                  tracing: Tracing, settings: Settings, mesh: MeshAuth | None = None,
-                 off_loop: OffLoop | None = None) -> None:
+                 off_loop: OffLoop | None = None, budget: DecodeBudget | None = None) -> None:
         self.mesh = mesh
         self.off_loop = off_loop or OffLoop()
+        self.budget = budget or DecodeBudget(settings.decode_budget_bytes)
         self.tracing = tracing
         self.keys = keys
         self.forwarder = forwarder
@@ -58,9 +60,16 @@ class SystemOneRoute:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        intake = await take(scope, receive, send, self.keys, self.max_body, self.send_error, self.mesh)
+        intake = await take(scope, receive, send, self.keys, self.max_body, self.send_error, self.mesh,
+                            self.forwarder.admit, self.budget)
         if intake is None:
             return
+        try:
+            await self._serve(scope, send, intake, started)
+        finally:
+            intake.done()
+
+    async def _serve(self, scope: Scope, send: Send, intake: Intake, started: float) -> None:
         principal = intake.principal
         record = intake.record(scope, "decision")
         body = None
@@ -72,11 +81,11 @@ class SystemOneRoute:
             elif intake.form_type is None:
                 body = await self.parse_big(principal, raw, record)
             else:
-                body = await self.parse_form(principal, intake.form_type, raw, record)
+                body = await self.parse_form(intake, intake.form_type, raw, record)
             request = self.prepare(body, record)
             outcome = await self.forwarder.decide(principal, body, request,
                                                   len(raw) if intake.form_type is None else _MEASURED,
-                                                  intake.forward_headers)
+                                                  intake.forward_headers, admitted=True)
         except ArbiterError as exc:
             # Its traceback holds this frame, which holds it: a cycle that keeps the body (up to
             # 32 MiB) until a full collection, rare here (app/main.py's GC thresholds).
@@ -117,23 +126,48 @@ class SystemOneRoute:
         await self.refuse_early(principal, raw, record)
         return await self.off_loop.run(jsonbody.loads, raw)
 
-    async def parse_form(self, principal: Principal, content_type: str, raw: bytes,
-                         record: RequestRecord) -> Any:
-        """A multipart body (SPEC §1): its parts read (multipart.py), its ``request`` part parsed
-        as a JSON body is, its images made base64 ``images`` (assets.py); big ones off the loop."""
+    async def parse_form(self, intake: Intake, form_type: str, raw: bytes, record: RequestRecord) -> Any:
+        """A multipart body (SPEC §1): its parts read (multipart.py: views of the body, no copies),
+        its ``request`` part parsed as a JSON body is, its images made base64 ``images``
+        (assets.py). Cheap before costly (issue #30): the request is checked (400), its model
+        (403, 404) and text limit (413) too, the references replaced in one linear pass, and the
+        body it will become held to ARBITER_MAX_BODY_BYTES (413) and the decode budget (503), all
+        before an image is encoded; big parts are read and encoded off the loop."""
         if not self.takes_forms:
             raise InvalidRequest("multipart bodies are accepted on /v1/systemone only; send JSON")
+        principal = intake.principal
         if len(raw) <= OFF_LOOP_BYTES:
-            form = multipart.read_form(raw, content_type)
+            form = multipart.read_form(raw, form_type)
         else:
-            form = await self.off_loop.run(multipart.read_form, raw, content_type)
+            form = await self.off_loop.run(multipart.read_form, raw, form_type)
         request = form.request
         body = jsonbody.loads(request) if len(request) <= OFF_LOOP_BYTES else await self.parse_big(
             principal, request, record)
-        if sum(map(len, form.files.values())) <= OFF_LOOP_BYTES:
-            assets.attach(body, form.files)
+        planned = assets.plan(body, form.files)
+        if planned is None:
+            return body
+        checked = schema.validate(body)  # its 400s first, as for any body (SPEC §1's order)
+        record.model = checked.model
+        entry = self.forwarder.entry_for(principal, checked.model)
+        self.forwarder.check_text(entry, body, len(request))
+        if len(request) <= OFF_LOOP_BYTES:
+            grown = planned.mark(body)
         else:
-            await self.off_loop.run(assets.attach, body, form.files)
+            grown = await self.off_loop.run(planned.mark, body)
+        # The body as forwarded: the request's text as it grew, and each new image's base64 in
+        # quotes with a comma (and the "images" member itself, when the JSON had none).
+        size = len(request) + grown + planned.encoded_bytes + 3 * len(planned.sources) + len(',"images":[]')
+        if size > self.max_body:
+            raise TooLarge(f"the request with its images as base64 is {size} bytes, over the "
+                           f"{self.max_body}-byte limit (ARBITER_MAX_BODY_BYTES); send smaller images")
+        if planned.encoded_bytes > OFF_LOOP_BYTES:
+            # Its base64, and the JSON it is forwarded in: both held until the answer has gone.
+            if intake.grown is None:
+                intake.grown = self.budget.reservation()
+            intake.grown.take(2 * planned.encoded_bytes)
+            await self.off_loop.run(planned.encode, body)
+        else:
+            planned.encode(body)
         return body
 
     async def refuse_early(self, principal: Principal, raw: bytes, record: RequestRecord) -> None:

@@ -141,9 +141,9 @@ def test_the_openai_route_takes_no_multipart_body(stack: Stack) -> None:
 
 @pytest.fixture
 def threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The threads the parts were read and the images attached on."""
+    """The threads the parts were read and the images encoded on."""
     seen: list[str] = []
-    for module, name in ((multipart, "read_form"), (assets, "attach")):
+    for module, name in ((multipart, "read_form"), (assets.Plan, "encode")):
         original = getattr(module, name)
 
         def spy(*args: Any, _original: Any = original) -> Any:
