@@ -160,7 +160,7 @@ def answering() -> Iterator[dict[str, str]]:
         threading.Thread(target=loop, daemon=True).start()
         return f"http://127.0.0.1:{listener.getsockname()[1]}"
 
-    yield {
+    urls = {
         "redirect": serve(b"HTTP/1.1 302 Found\r\nLocation: http://example.invalid/\r\nContent-Length: 0\r\n\r\n"),
         "not-found": serve(b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found"),
         "not-json": serve(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"),
@@ -168,8 +168,8 @@ def answering() -> Iterator[dict[str, str]]:
         "not-http": serve(b"SSH-2.0-OpenSSH_9.6\r\n"),
         "silent": serve(None),
         "closed": f"http://127.0.0.1:{closed_port()}",
-        "tls": f"https://127.0.0.1:{closed_port()}",
     }
+    yield {**urls, "tls": urls["not-found"].replace("http://", "https://")}  # TLS to a plain HTTP server
     stop.set()
     for listener in listeners:
         listener.close()
