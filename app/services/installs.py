@@ -25,7 +25,7 @@ from app.services.sync import OLLAMA_TYPES, backend_for, effective_version, gate
 from app.settings import Settings
 from app.tenancy.service import Actor
 from infra_adapters.admin import AdminClient
-from infra_adapters.base import BackendError, CallOptions
+from infra_adapters.base import BackendAuthRejected, BackendError, CallOptions
 from infra_adapters.ollama import OllamaBackend
 
 log = logging.getLogger("arbiter.installs")
@@ -190,8 +190,11 @@ class Installer:
     async def _offered(self, endpoint: sync.Endpoint, service_name: str) -> set[str]:
         try:
             return {m.name for m in await backend_for(endpoint, self._settings, self._admin).list_models()}
-        except BackendError as exc:
+        except BackendAuthRejected as exc:
             raise InvalidRequest(f"cannot install on service '{service_name}': {exc}") from exc
+        except BackendError as exc:  # one message for every way it fails, as a service's read (sync.not_a_backend)
+            raise InvalidRequest(f"cannot install on service '{service_name}': "
+                                 f"{sync.not_a_backend(endpoint, exc)}") from exc
 
     async def _run(self, install_id: int) -> None:
         try:

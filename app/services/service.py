@@ -51,7 +51,20 @@ def check_url(url: str) -> str:
     if parts.username or parts.password:
         # It would show in the status, the audit log and error messages: keys go in api_key.
         raise InvalidRequest("a service url must not carry a user or password; give the key as api_key")
+    if "?" in url or "#" in url:
+        # Arbiter appends its paths (/v1/models, /api/version, ...) to the URL: a query or a
+        # fragment would be cut off, or carry what the backend never meant to get.
+        raise InvalidRequest("a service url must not carry a query string (?...) or a fragment (#...); "
+                             "give the backend's base URL, such as http://vllm:8000")
     return url.rstrip("/")
+
+
+def moves_key(service_type: str, before: str, after: str) -> bool:
+    """Whether a service moving from URL ``before`` to ``after`` goes to another origin: its
+    stored key is then dropped unless the change gives one (a key goes to the host it was
+    given for, never to one an admin of lesser trust, or one whose admin key was revoked since,
+    pointed the service at). A ``local`` service's URL is a file: no key is sent anywhere."""
+    return service_type != "local" and sync.origin(before) != sync.origin(after)
 
 
 def check_credential(value: str | None) -> str | None:
@@ -134,7 +147,9 @@ async def update_service(run: sync.Run[Any], settings: Settings, admin: AdminCli
                          changes: dict[str, Any], *, then: Callable[[Session, Service], T]) -> T:
     """Change a service (url, api_key, text_limit, timeout, context_length, version_override).
     A new URL, key or version override is read at once, with no transaction open, and written
-    with the change (ServiceChanged when another admin changed the service in between)."""
+    with the change (ServiceChanged when another admin changed the service in between). A URL
+    on another origin (scheme, host, port) drops the stored key unless ``changes`` gives one:
+    the read is made without it, and the audit record says it was dropped."""
     if "text_limit" in changes and changes["text_limit"] is None:
         changes = {**changes, "text_limit": settings.default_text_limit}  # null: back to the default
     check_credential(changes.get("api_key"))
@@ -145,8 +160,14 @@ async def update_service(run: sync.Run[Any], settings: Settings, admin: AdminCli
         service = get_service(session, name)
         _check_update(service, changes)
         before = sync.Endpoint.of(service)
-        return before, sync.Endpoint(before.type, _new_url(service, changes),
-                                     sealed if "api_key" in changes else before.credential)
+        url = _new_url(service, changes)
+        if "api_key" in changes:
+            credential = sealed
+        elif moves_key(service.type, before.url, url):
+            credential = None  # the key stays with the origin it was given for
+        else:
+            credential = before.credential
+        return before, sync.Endpoint(before.type, url, credential)
 
     before, after = await run(plan)
     reading = await sync.try_read(after, settings, admin) if changes.keys() & _REREAD else None
@@ -174,13 +195,19 @@ def _check_update(service: Service, changes: dict[str, Any]) -> None:
     if "api_key" in changes and service.type == "ollama-cloud" and not changes["api_key"]:
         raise InvalidRequest("an ollama-cloud service needs its api_key (an ollama.com key); "
                              "give the new key, or remove the service")
-    _new_url(service, changes)
+    url = _new_url(service, changes)
+    if service.type == "ollama-cloud" and "api_key" not in changes and moves_key(service.type, service.url, url):
+        raise InvalidRequest("an ollama-cloud service needs its api_key, and a url on another host, port or "
+                             "scheme drops the stored one: give the api_key again with the new url")
 
 
 def _new_url(service: Service, changes: dict[str, Any]) -> str:
     if "url" not in changes:
         return service.url
     return check_local_url(changes["url"]) if service.type == "local" else check_url(changes["url"])
+
+
+KEY_DROPPED = "dropped: the url moved to another origin (scheme, host or port)"
 
 
 def _apply(service: Service, changes: dict[str, Any], after: sync.Endpoint) -> dict[str, Any]:
@@ -191,6 +218,10 @@ def _apply(service: Service, changes: dict[str, Any], after: sync.Endpoint) -> d
     if "api_key" in changes:
         service.credential = after.credential
         details["api_key"] = "changed" if changes["api_key"] else "removed"
+    elif "url" in changes and service.credential is not None and after.credential is None:
+        # The URL's origin changed (``checked`` held the row as ``plan`` read it: the same key).
+        service.credential = None
+        details["api_key"] = KEY_DROPPED
     for field in ("text_limit", "timeout", "context_length", "version_override"):
         if field in changes:
             setattr(service, field, changes[field])

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -23,7 +24,7 @@ from app.routing.credentials import CredentialBox, CredentialUnavailable
 from app.services import catalog, versions
 from app.settings import Settings
 from app.tenancy.service import Actor
-from infra_adapters.admin import AdminClient
+from infra_adapters.admin import AdminClient, shown_url
 from infra_adapters.base import (
     Backend,
     BackendAuthRejected,
@@ -153,9 +154,39 @@ async def try_read(endpoint: Endpoint, settings: Settings, admin: AdminClient | 
         except BackendProtocolError as exc:
             version_read, problem = True, f"cannot read the version: {exc}"
         models = await backend.list_models()
-    except (CredentialUnavailable, BackendError) as exc:  # a key this node cannot open, or the backend's failure
+    except (CredentialUnavailable, BackendAuthRejected) as exc:  # a key this node cannot open, or one refused
         return Reading(version, version_read, None, str(exc), utcnow())
+    except BackendError as exc:  # the backend's failure: one message for all (a local file's says what it is)
+        error = str(exc) if endpoint.type == "local" else not_a_backend(endpoint, exc)
+        return Reading(version, version_read, None, error, utcnow())
     return Reading(version, version_read, models, problem, utcnow())
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin(url: str) -> str:
+    """``url``'s scheme, host and port, normalised (lowercase, the default port filled in): where
+    a service's stored key is sent. ``http://GPU:80/v1`` and ``http://gpu`` have one origin."""
+    parts = urlsplit(url)
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    host = f"[{host}]" if ":" in host else host  # an IPv6 literal
+    return f"{scheme}://{host}:{parts.port or DEFAULT_PORTS.get(scheme, '')}"
+
+
+def not_a_backend(endpoint: Endpoint, exc: BackendError) -> str:
+    """What an admin is told when ``endpoint`` could not be read: one message for every way a
+    backend fails to be one (refused, timed out, a TLS error, a redirect, a 404, an answer that
+    is not the protocol's), so adding services maps no ports for an operator (which answered,
+    which redirected, which is closed). The precise reason goes to the server log."""
+    try:
+        where = origin(endpoint.url)
+    except ValueError:
+        where = shown_url(endpoint.url)
+    log.warning("could not read %s backend at %s: %s", endpoint.type, shown_url(endpoint.url), exc)
+    article = "an" if endpoint.type[:1] in "aeiou" else "a"
+    return (f"could not read {endpoint.type} backend at {where}: it did not answer as {article} {endpoint.type} "
+            "server (see the server log)")
 
 
 def record(session: Session, service: Service, reading: Reading, actor: Actor | None = None) -> Service:

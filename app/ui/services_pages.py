@@ -39,11 +39,19 @@ from app.ui.web import (
 
 router = APIRouter(route_class=UiRoute)
 NOTICES = {"added": "Service added; its version and models were read.", "removed": "Service removed.",
-           "changed": "Service changed.", "refreshed": "Version and models read again."}
+           "changed": "Service changed.", "refreshed": "Version and models read again.",
+           "key-dropped": "Service changed. Its new URL is on another host, port or scheme, so its stored API key "
+                          "was dropped (a key goes only where it was given for): give the key again if the "
+                          "backend there needs one."}
 
 
 def _service_name(s: Session, service_id: int) -> str:
     return services.get_service_by_id(s, service_id).name
+
+
+def _name_and_key(s: Session, service_id: int) -> tuple[str, bool]:
+    service = services.get_service_by_id(s, service_id)
+    return service.name, service.credential is not None
 
 
 async def _list(request: Request, admin: Admin, *, status: int = 200, error: str | None = None,
@@ -131,13 +139,15 @@ async def change(request: Request, service_id: int) -> Response:
             changes["version_override"] = None
         if not changes:
             raise InvalidRequest("Nothing to change: fill in a field (blank fields stay as they are)")
-        name = await c.in_session(lambda s: _service_name(s, service_id))
-        await services.update_service(c.in_session, c.settings, c.admin, name, admin.actor, changes, then=sync.itself)
+        name, keyed = await c.in_session(lambda s: _name_and_key(s, service_id))
+        dropped = await services.update_service(c.in_session, c.settings, c.admin, name, admin.actor, changes,
+                                                then=lambda _s, service: keyed and service.credential is None)
     except FORM_ERRORS as exc:
         typed = {k: v for k, v in form.values().items() if k != "api_key"}  # a secret is never sent back
         return await _detail(request, admin, service_id, status=400, errors={"change": message(exc)}, values=typed)
     await c.changed_models()
-    return redirect(f"/ui/services/{service_id}?done=changed")
+    done = "key-dropped" if dropped and "api_key" not in changes else "changed"
+    return redirect(f"/ui/services/{service_id}?done={done}")
 
 
 @router.post("/services/{service_id}/refresh")

@@ -124,7 +124,7 @@ def test_vllm_models_bad_input(admin: httpx.Client, vllm: tuple[EmulatorServer, 
     server.stop()
     down = admin.post("/admin/services/gpu/models",
                       json={"model": "Qwen/Qwen3-0.6B", "capabilities": ["completion"]})
-    assert "cannot reach" in assert_error(down, 400)["error"]
+    assert "it did not answer as a vllm server" in assert_error(down, 400)["error"]
 
 
 def test_service_routes_for_a_missing_service(admin: httpx.Client) -> None:
