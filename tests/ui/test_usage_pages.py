@@ -226,6 +226,15 @@ def test_the_requests_csv_streams_every_row_with_formulas_defused(ui: httpx.Clie
     assert [r[1] for r in totals[1:]] == ["'=cmd|' -C calc'!A0", "acme"]  # one day, by project
 
 
+def test_an_id_of_a_digit_that_is_no_number_is_never_a_500(ui: httpx.Client, stack: Stack) -> None:
+    """"²" is a digit to str.isdigit() and no number to int()."""
+    for path in ("/ui/usage/requests?key=%C2%B2", "/ui/usage/requests.csv?key=%C2%B2"):
+        assert ui.get(path).status_code == 400, path
+    for path in ("/ui/audit?before_id=%C2%B2", "/ui/usage/requests?before_id=%C2%B2", "/ui/usage?days=%C2%B2"):
+        assert ui.get(path).status_code == 200, path  # page 1 and the default period, as for any other text
+    assert ui.get("/ui/projects/%C2%B2").status_code in (400, 404)
+
+
 def test_each_role_sees_the_usage_it_may(stack: Stack) -> None:
     stack.new_project("beta")
     ids = ids_of(stack)
