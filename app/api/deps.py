@@ -71,12 +71,14 @@ async def admin_principal(request: Request) -> Principal:
 
 async def deny(c: Components, principal: Principal, reason: str, *, route: str, path: str,
                request_id: str | None) -> PermissionDenied:
-    """Audit a refusal (in a transaction of its own, so it is kept) and give the 403 to raise."""
+    """Audit a refusal (in a transaction of its own, so it is kept) and give the 403 to raise.
+    Folded (app/audit.py): a key's refusals on one route within a minute are one entry with a
+    count, the first one's path (cut to 512 characters) in its details."""
     details = {"role": roles.role_of(principal), "path": path, "reason": reason}
     try:
-        await c.in_session(lambda s: audit.record(s, actor=principal.actor, action=roles.DENIED_ACTION,
-                                                  target=f"route:{route}", request_id=request_id,
-                                                  details=details))
+        await c.in_session(lambda s: audit.fold(s, actor=principal.actor, action=roles.DENIED_ACTION,
+                                                target=f"route:{route}", request_id=request_id,
+                                                details=details))
     except SQLAlchemyError as exc:  # the refusal stands; the log says it went unrecorded
         log.error("a refused admin request could not be audited: %s", type(exc).__name__)
     return PermissionDenied(f"{reason}; ask an owner for a key with that role")
