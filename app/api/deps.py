@@ -13,12 +13,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app import audit
 from app.components import Components
-from app.errors import PermissionDenied
+from app.errors import InvalidRequest, PermissionDenied
 from app.tenancy import roles
 from app.tenancy import service as tenancy
 from app.tenancy.principal import Principal
 from app.tenancy.roles import Need
 from app.tenancy.service import Actor
+from app.text import ascii_digits
 
 log = logging.getLogger("arbiter.admin")
 
@@ -70,12 +71,14 @@ async def admin_principal(request: Request) -> Principal:
 
 async def deny(c: Components, principal: Principal, reason: str, *, route: str, path: str,
                request_id: str | None) -> PermissionDenied:
-    """Audit a refusal (in a transaction of its own, so it is kept) and give the 403 to raise."""
+    """Audit a refusal (in a transaction of its own, so it is kept) and give the 403 to raise.
+    Folded (app/audit.py): a key's refusals on one route within a minute are one entry with a
+    count, the first one's path (cut to 512 characters) in its details."""
     details = {"role": roles.role_of(principal), "path": path, "reason": reason}
     try:
-        await c.in_session(lambda s: audit.record(s, actor=principal.actor, action=roles.DENIED_ACTION,
-                                                  target=f"route:{route}", request_id=request_id,
-                                                  details=details))
+        await c.in_session(lambda s: audit.fold(s, actor=principal.actor, action=roles.DENIED_ACTION,
+                                                target=f"route:{route}", request_id=request_id,
+                                                details=details))
     except SQLAlchemyError as exc:  # the refusal stands; the log says it went unrecorded
         log.error("a refused admin request could not be audited: %s", type(exc).__name__)
     return PermissionDenied(f"{reason}; ask an owner for a key with that role")
@@ -106,8 +109,13 @@ async def refuse_unless(request: Request, principal: Principal, need: Need, proj
 async def _key_project(c: Components, principal: Principal, raw: str) -> str | None:
     """The project of key ``raw`` (a project key's), for a project-admin; None for an admin key
     or no such key (refused alike: a project-admin cannot probe which keys exist). Other roles
-    are decided without the database."""
-    if roles.role_of(principal) != roles.PROJECT_ADMIN or not raw.isdigit():
+    are decided without the database. An id that is no number at all ("²") is a 400 for every
+    role, as the route's own check answers it for the others: no key can have it."""
+    if roles.role_of(principal) != roles.PROJECT_ADMIN:
+        return None
+    if not ascii_digits(raw):
+        raise InvalidRequest(f"a key id is a whole number, as the key lists show it, not {raw[:40]!r}")
+    if int(raw) >= 2**31:  # more than a key id holds
         return None
     return await c.in_session(lambda s: tenancy.project_of_key(s, int(raw)))
 

@@ -11,6 +11,7 @@ from typing import Any, NoReturn
 
 from app.cli.client import Client
 from app.cli.connection import add_options, open_client
+from app.text import ascii_digits
 
 Run = Callable[[argparse.Namespace, Client], "int | None"]
 
@@ -48,7 +49,7 @@ def objects(sub: Any, name: str, help: str) -> Any:
 
 def key_id(text: str) -> int:
     """A key's id, as ``arbiter key list`` shows it."""
-    if not text.isdigit() or not 0 < int(text) < 2**31:
+    if not ascii_digits(text) or not 0 < int(text) < 2**31:
         raise argparse.ArgumentTypeError(f"a key id is a positive whole number (arbiter key list shows them), "
                                          f"not {text[:40]!r}")
     return int(text)
@@ -58,7 +59,7 @@ def limit(text: str) -> int | None:
     """A rate limit: a positive whole number, or ``none`` for no limit."""
     if text.lower() == "none":
         return None
-    if not text.isdigit() or not 1 <= int(text) <= 10**12:
+    if not ascii_digits(text) or not 1 <= int(text) <= 10**12:
         raise argparse.ArgumentTypeError(f"a limit is a whole number from 1 to 10^12, or 'none', not {text[:40]!r}")
     return int(text)
 

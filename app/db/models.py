@@ -191,9 +191,12 @@ class Lease(Base):
 
 
 class AuditEntry(Base):
-    """Append-only: rows are inserted, never updated or deleted."""
+    """Append-only: rows are inserted, never deleted, and never updated but for ``count``, which
+    only grows: a refusal repeated within a minute (app/audit.py ``fold``) adds one to the row
+    the first one wrote, found by its ``fold_key`` (on PostgreSQL a trigger holds this, 0014)."""
 
     __tablename__ = "audit_log"
+    __table_args__ = (Index("ux_audit_log_fold_key", "fold_key", unique=True),)
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -204,6 +207,10 @@ class AuditEntry(Base):
     details: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # The X-Request-Id the caller sent, if any: kept beside Arbiter's id, never instead of it.
     client_request_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # How many times this happened: 1, or the refusals of one key, action and target in one minute.
+    count: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # Folded entries only: a digest of (actor, action, target, minute), unique; NULL for the rest.
+    fold_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class UiSessionRow(Base):

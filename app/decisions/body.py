@@ -17,6 +17,7 @@ import zstandard
 from app.decisions import zstdframes
 from app.decisions.budget import FREE_BYTES, Reservation
 from app.errors import InvalidRequest, TooLarge, UnsupportedEncoding
+from app.text import ascii_digits
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 ENCODINGS = ("identity", "gzip", "zstd")
@@ -40,7 +41,7 @@ def check_length(header: str | None, cap: int) -> None:
     """Refuse a declared Content-Length over the cap before reading anything."""
     if header is None:
         return
-    if not header.isascii() or not header.isdigit():
+    if not ascii_digits(header):
         raise InvalidRequest("Content-Length is not a number")
     length = int(header)
     if length > cap:

@@ -50,7 +50,8 @@ _NONCE = re.compile(r"^[0-9a-f]{32}$")
 _SIGNATURE = re.compile(r"^[0-9a-f]{64}$")
 _SALT = re.compile(r"^[0-9a-f]{16,128}$")
 _DIGEST = re.compile(r"sha256=([0-9a-f]{64})")
-# ASCII digits only: str.isdigit() also takes "²" and other digits int() cannot read.
+# ASCII digits only: str.isdigit() also takes "²" and other digits int() cannot read (as
+# app/text.py ascii_digits, with a length too).
 _TIMESTAMP = re.compile(r"[0-9]{1,12}")
 _HOPS = re.compile(r"[0-9]{1,3}")
 _LENGTH = re.compile(r"[0-9]{1,20}")

@@ -16,7 +16,7 @@ from app.db.models import ApiKey, Project, UsageRecord
 from app.db.timestamps import iso
 from app.errors import InvalidRequest
 from app.telemetry.usage_report import Period, scoped
-from app.text import text_problem
+from app.text import ascii_digits, text_problem
 
 PAGE = 50
 SAME_ID = 20  # the records shown for one request id: a caller may send the same X-Request-Id again
@@ -49,7 +49,7 @@ def checked_status(value: str) -> str | None:
     value = value.strip().lower()
     if not value:
         return None
-    if value in STATUS_CLASSES or (value.isdigit() and len(value) == 3 and 100 <= int(value) <= 599):
+    if value in STATUS_CLASSES or (ascii_digits(value) and len(value) == 3 and 100 <= int(value) <= 599):
         return value
     raise InvalidRequest(f"Status must be 2xx, 3xx, 4xx, 5xx, errors or a code from 100 to 599, not {value[:40]!r}")
 
@@ -59,7 +59,7 @@ def checked_key(value: str) -> int | None:
     value = value.strip()
     if not value:
         return None
-    if not value.isdigit() or not 0 < int(value) < 2**31:
+    if not ascii_digits(value) or not 0 < int(value) < 2**31:
         raise InvalidRequest(f"Key must be a key's id (a whole number, from the list), not {value[:40]!r}")
     return int(value)
 

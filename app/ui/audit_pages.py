@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request, Response
 
 from app import audit
 from app.tenancy.roles import Need
+from app.text import ascii_digits
 from app.ui.roles import permitted
 from app.ui.web import UiRoute, components, render
 
@@ -25,7 +26,7 @@ FILTERS = ("actor", "action", "target")
 async def audit_page(request: Request, before_id: str = "", actor: str = "", action: str = "",
                      target: str = "") -> Response:
     admin = await permitted(request, Need.READ)
-    before = int(before_id) if before_id.isdigit() and 1 <= int(before_id) <= 2**62 else None  # else page 1
+    before = int(before_id) if ascii_digits(before_id) and 1 <= int(before_id) <= 2**62 else None  # else page 1
     filters = {"actor": actor.strip(), "action": action.strip(), "target": target.strip()}
     problem = audit.filter_problem(filters)
     if problem is not None:

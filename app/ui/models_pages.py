@@ -14,6 +14,7 @@ from app.errors import InvalidRequest
 from app.services import aliases, catalog
 from app.services import service as services
 from app.tenancy.roles import Need
+from app.text import ascii_digits
 from app.ui.roles import permitted
 from app.ui.web import (
     FORM_ERRORS,
@@ -155,7 +156,7 @@ def _service_name(s: Session, service_id: int) -> str:
 
 
 def _int(raw: str, problem: str) -> int:
-    if not raw.isdigit():
+    if not ascii_digits(raw):
         raise InvalidRequest(problem)
     return int(raw)
 

@@ -25,6 +25,8 @@ import secrets
 import time
 from dataclasses import dataclass
 
+from app.text import ascii_digits
+
 COOKIE = "arbiter_ui"
 SIGNIN_COOKIE = "arbiter_ui_signin"
 COOKIE_PATH = "/ui"
@@ -69,7 +71,7 @@ class SessionSigner:
         if not hmac.compare_digest(signature.encode(), self._mac("session", body).encode()):
             return None
         parts = body.split(".")
-        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+        if len(parts) != 3 or not ascii_digits(parts[0]) or not ascii_digits(parts[1]):
             return None
         key_id, expires = int(parts[0]), int(parts[1])
         if expires <= (now if now is not None else time.time()):
@@ -93,4 +95,4 @@ class SessionSigner:
         if not hmac.compare_digest(str(sent).encode(), self._mac("sign-in", nonce).encode()):
             return False
         expires = nonce.partition(".")[0]
-        return expires.isdigit() and int(expires) > time.time()
+        return ascii_digits(expires) and int(expires) > time.time()

@@ -23,6 +23,7 @@ from app.telemetry.usage_requests import Filters
 from app.tenancy import roles
 from app.tenancy import service as tenancy
 from app.tenancy.roles import Need
+from app.text import ascii_digits
 from app.ui import charts, usage_csv
 from app.ui.roles import check, permitted
 from app.ui.web import Admin, UiRoute, components, render
@@ -37,7 +38,7 @@ REQUEST_COLUMNS = ("time", "request_id", "project", "key_id", "key", "key_name",
 
 def _days(value: str, default: int = 14) -> int:
     """A period from the address; anything but one of ``PERIODS`` is the default (never an error)."""
-    return int(value) if value.isdigit() and int(value) in PERIODS else default
+    return int(value) if ascii_digits(value) and int(value) in PERIODS else default
 
 
 def _visible(admin: Admin) -> frozenset[str] | None:
@@ -153,7 +154,7 @@ async def requests_page(request: Request, project: str = "", key: str = "", mode
     admin = await permitted(request, Need.SCOPED_READ)
     visible = _visible(admin)
     period = Period.last(_days(days, 7))
-    before = int(before_id) if before_id.isdigit() and 1 <= int(before_id) <= 2**62 else None  # else page 1
+    before = int(before_id) if ascii_digits(before_id) and 1 <= int(before_id) <= 2**62 else None  # else page 1
     asked = {"project": project, "key": key, "model": model, "status": status}
     filters: Filters | None = None
     error = ""

@@ -231,3 +231,64 @@ def test_0012_adds_the_models_embedding_temperature_and_takes_it_off_again(fresh
         command.upgrade(config, "0012")  # and up again
     finally:
         engine.dispose()
+
+
+def fold(connection: Connection, key: str) -> None:
+    """The upsert app/audit.py fold runs: the first row of ``key``, then one more on its count."""
+    connection.execute(text(
+        "INSERT INTO audit_log (at, actor, action, target, details, count, fold_key) VALUES (CURRENT_TIMESTAMP, "
+        "'admin-key:2:x', 'permission.denied', 'route:GET /a', '{}', 1, :key) "
+        "ON CONFLICT (fold_key) DO UPDATE SET count = audit_log.count + 1"), {"key": key})
+
+
+def test_0014_adds_the_count_and_fold_key_and_comes_off_again(fresh_url: str) -> None:
+    config = migrate.alembic_config(fresh_url)
+    command.upgrade(config, "0013")
+    engine = engine_of(fresh_url)
+    try:
+        with engine.begin() as connection:
+            add_audit(connection)  # a row of the previous release
+        command.upgrade(config, "0014")
+        assert {"count", "fold_key"} <= columns(engine, "audit_log")
+        with engine.begin() as connection:
+            add_audit(connection)  # the previous release still inserts: count 1, no fold key
+            for _ in range(3):
+                fold(connection, "k1")
+            fold(connection, "k2")
+            counts = connection.execute(text("SELECT fold_key, count FROM audit_log ORDER BY id")).all()
+        assert [tuple(row) for row in counts] == [(None, 1), (None, 1), ("k1", 3), ("k2", 1)]
+        command.downgrade(config, "0013")
+        assert not {"count", "fold_key"} & columns(engine, "audit_log")
+        command.upgrade(config, "0014")  # and up again
+    finally:
+        engine.dispose()
+
+
+@postgresql_only
+def test_0014_lets_the_append_only_trigger_pass_a_growing_count_and_nothing_else(fresh_url: str) -> None:
+    config = migrate.alembic_config(fresh_url)
+    command.upgrade(config, "0014")
+    engine = engine_of(fresh_url)
+    try:
+        with engine.begin() as connection:
+            add_audit(connection)
+            fold(connection, "k1")
+            fold(connection, "k1")  # the fold's update passes
+        for statement in ("UPDATE audit_log SET actor = 'someone else'",
+                          "UPDATE audit_log SET count = count + 1, actor = 'someone else'",
+                          "UPDATE audit_log SET count = count + 1, details = '{\"path\": \"/b\"}'",
+                          "UPDATE audit_log SET count = 1 WHERE fold_key = 'k1'",  # never down
+                          "UPDATE audit_log SET count = count WHERE fold_key = 'k1'",
+                          "DELETE FROM audit_log", "DELETE FROM audit_log WHERE id = 1"):
+            with pytest.raises(DBAPIError, match="append-only"), engine.begin() as connection:
+                connection.execute(text(statement))
+        with engine.begin() as connection:
+            rows = connection.execute(text("SELECT actor, count FROM audit_log ORDER BY id")).all()
+            assert [tuple(row) for row in rows] == [("cli", 1), ("admin-key:2:x", 2)]
+        command.downgrade(config, "0013")
+        with pytest.raises(DBAPIError, match="append-only"), engine.begin() as connection:
+            connection.execute(text("UPDATE audit_log SET actor = 'x'"))  # 0010's guard again, whole
+        with engine.begin() as connection:
+            assert connection.execute(text("SELECT count(*) FROM audit_log")).scalar() == 2
+    finally:
+        engine.dispose()

@@ -20,6 +20,7 @@ from app.db.models import UsageRecord
 from app.tenancy import service as tenancy
 from app.tenancy.keys import KeyHasher
 from app.tenancy.service import CLI
+from app.ui import usage_csv
 from tests.support import Stack, body, decision, wait_for
 from tests.ui.conftest import ui_sign_in
 from tests.ui.test_roles import admin_key
@@ -224,6 +225,32 @@ def test_the_requests_csv_streams_every_row_with_formulas_defused(ui: httpx.Clie
     assert len(failed) == 1 + 300 and {r[10] for r in failed[1:]} == {"500"}
     totals = read_csv(ui.get("/ui/usage/totals.csv"))
     assert [r[1] for r in totals[1:]] == ["'=cmd|' -C calc'!A0", "acme"]  # one day, by project
+
+
+def test_a_cell_a_spreadsheet_splits_at_a_semicolon_is_quoted_and_defused(ui: httpx.Client, stack: Stack) -> None:
+    """A spreadsheet in a locale whose separator is ';' splits an unquoted cell there: the part
+    after it must not start a formula."""
+    name = "ops;=cmd|' /C calc'!A0"
+    with stack.client("admin") as owner:
+        body(owner.post("/admin/projects/acme/keys", json={"name": name}), 201)
+    add_usage(stack, "acme", 1, key=name, model="nimble\t-2+3")
+    download = ui.get("/ui/usage/requests.csv?days=7")
+    assert download.status_code == 200
+    assert "\"ops;'=cmd|' /C calc'!A0\"" in download.text and "\"nimble\t'-2+3\"" in download.text
+    for separator in (",", ";", "\t"):
+        cells = [c for row in csv.reader(io.StringIO(download.text), delimiter=separator) for c in row]
+        assert not [c for c in cells if c.lstrip(" ").startswith(usage_csv.FORMULA_START)], separator
+    row = read_csv(download)[1]
+    assert row[5] == "ops;'=cmd|' /C calc'!A0" and row[7] == "nimble\t'-2+3"  # read back as one cell each
+
+
+def test_an_id_of_a_digit_that_is_no_number_is_never_a_500(ui: httpx.Client, stack: Stack) -> None:
+    """"²" is a digit to str.isdigit() and no number to int()."""
+    for path in ("/ui/usage/requests?key=%C2%B2", "/ui/usage/requests.csv?key=%C2%B2"):
+        assert ui.get(path).status_code == 400, path
+    for path in ("/ui/audit?before_id=%C2%B2", "/ui/usage/requests?before_id=%C2%B2", "/ui/usage?days=%C2%B2"):
+        assert ui.get(path).status_code == 200, path  # page 1 and the default period, as for any other text
+    assert ui.get("/ui/projects/%C2%B2").status_code in (400, 404)
 
 
 def test_each_role_sees_the_usage_it_may(stack: Stack) -> None:

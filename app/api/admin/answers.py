@@ -246,7 +246,10 @@ class AuditEntry(BaseModel):
     target: str
     request_id: str | None = Field(description="Arbiter's own id of the request")
     client_request_id: str | None = Field(description="the X-Request-Id the caller sent, if any")
-    details: dict[str, Any]
+    details: dict[str, Any] = Field(description="its texts cut to 512 characters, ending in …(cut) when they were")
+    count: int = Field(description="how many times it happened: 1, or the refusals (permission.denied) of one "
+                                   "key on one route within a minute, folded into this entry (the first one's "
+                                   "request id and details)")
 
 
 class AuditLog(BaseModel):

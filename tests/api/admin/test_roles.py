@@ -258,3 +258,14 @@ def test_roles_outside_keys_cannot_touch_a_key(stack: Stack, role: str) -> None:
     with stack.client("admin") as owner:
         assert next(k for k in body(owner.get("/admin/projects/acme/keys"), 200)["data"]
                     if k["id"] == target)["revoked_at"] is None
+
+
+@pytest.mark.parametrize("role", ["owner", "project-admin"])
+def test_a_key_id_of_a_digit_that_is_no_number_is_a_400_never_a_500(stack: Stack, role: str) -> None:
+    """str.isdigit() takes "²", which int() cannot read (and the Arabic-Indic 3, which it can)."""
+    key = keys_by_role(stack)[role]
+    with stack.gateway.client(key) as client:
+        for path in ("/admin/keys/%C2%B2", "/admin/keys/%D9%A3"):
+            assert_error(client.get(path), 400)
+            assert_error(client.post(f"{path}/revoke"), 400)
+        assert_error(client.get("/admin/keys/99999999999999999999"), 404 if role == "owner" else 403)
