@@ -14,6 +14,7 @@ import pytest
 from app.errors import InvalidRequest
 from app.routing.backends import calibrates
 from app.routing.strategies import calibration, labels
+from app.routing.strategies.partitioned import PartitionedLru
 
 TEAMS = {"billing": "payments", "shipping": "parcels", "technical": "bugs"}
 QUESTION = {"type": "choice", "instructions": "Which team?", "criteria": TEAMS}
@@ -51,8 +52,8 @@ class BiasedReader:
 
 
 def decide(reader: Any, body: dict[str, Any], baselines: calibration.Baselines | None,
-           salt: str | None = None) -> dict[str, Any]:
-    return asyncio.run(labels.decide(body, reader, baselines=baselines, salt=salt))
+           salt: str | None = None, partition: str | None = None) -> dict[str, Any]:
+    return asyncio.run(labels.decide(body, reader, baselines=baselines, salt=salt, partition=partition))
 
 
 def test_the_bias_read_on_empty_states_is_divided_out() -> None:
@@ -110,6 +111,38 @@ def test_baselines_kept_are_bounded_least_recently_used_first() -> None:
     assert reader.states.count("N/A") == reads
     ask("two")
     assert reader.states.count("N/A") == reads + 1
+
+
+def test_one_projects_many_questions_never_evict_anothers_baselines() -> None:
+    """Issue 30: with one LRU per model, a tenant's 64-question requests pushed another's baselines
+    out, and that tenant paid the three content-free reads again (counted against its limits)."""
+    baselines = calibration.Baselines(kept=64)
+    reader = BiasedReader()
+    body = {"state": "ticket one", "questions": {"team": QUESTION}}
+    first = decide(reader, body, baselines, salt="b", partition="project-b")
+    assert first["usage"]["input_tokens"] == 40  # the read and its three content-free reads
+    many = {f"q{i}": {**QUESTION, "instructions": f"Which team, {i}?"} for i in range(64)}
+    for turn in range(3):  # project A: 192 questions, three times B's whole bound
+        decide(reader, {"state": "s", "questions": {f"{k}-{turn}": {**q, "instructions": f"{q['instructions']}{turn}"}
+                                                   for k, q in many.items()}},
+               baselines, salt="a", partition="project-a")
+    assert baselines._known.size_of("project-a") == 64  # A is held to its own bound
+    second = decide(reader, {**body, "state": "ticket two"}, baselines, salt="b", partition="project-b")
+    assert second["usage"]["input_tokens"] == 10 and second["usage"]["output_tokens"] == 1
+
+
+def test_the_partitioned_cache_keeps_each_bound() -> None:
+    cache: PartitionedLru[str, int] = PartitionedLru(per_partition=2, total=3)
+    cache.put("a", "x", 1), cache.put("a", "y", 2), cache.put("a", "z", 3)
+    assert cache.get("a", "x") is None and cache.get("a", "y") == 2 and len(cache) == 2
+    assert cache.get("b", "y") is None  # another partition never sees a's entries
+    cache.put("b", "x", 4)
+    cache.put("c", "x", 5)  # over the total: the least recently used partition, a, gives its oldest
+    assert len(cache) == 3 and cache.size_of("a") == 1 and cache.get("a", "y") == 2  # y was used last
+    cache.put("c", "y", 6)  # b is now the least recently used partition
+    assert cache.size_of("b") == 0 and len(cache) == 3
+    with pytest.raises(ValueError):
+        PartitionedLru(per_partition=3, total=2)
 
 
 def test_every_question_type_is_calibrated_and_order_is_kept() -> None:
