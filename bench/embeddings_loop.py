@@ -41,7 +41,7 @@ async def main(requests: int) -> None:
     body = {"state": "s", "questions": {f"q{j}": {"type": "choice", "criteria": options} for j in range(4)}}
     cache = embeddings.PassageCache()
     await embeddings.decide(body, Instant(), cache)  # passages embedded once: the arithmetic is left
-    stop, lateness = asyncio.Event(), []
+    stop, lateness = asyncio.Event(), list[float]()
     ticking = asyncio.create_task(ticker(stop, lateness))
     started = time.perf_counter()
     await asyncio.gather(*(embeddings.decide({**body, "state": f"s{i}"}, Instant(), cache) for i in range(requests)))

@@ -191,7 +191,7 @@ def similarities(pairs: Sequence[tuple[Row, Sequence[Row]]], pause: bool = False
     switch interval (5 ms). bench/embeddings_loop.py measures it (docs/labels.md)."""
     found = []
     for query, rows in pairs:
-        sims = []
+        sims: list[float] = []
         for start in range(0, len(rows), PAUSE_EVERY):
             sims.extend(math.fsum(map(operator.mul, query.vector, row.vector)) / (query.norm * row.norm)
                         if query.norm and row.norm else 0.0 for row in rows[start:start + PAUSE_EVERY])

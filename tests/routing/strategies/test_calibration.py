@@ -14,7 +14,9 @@ import pytest
 from app.errors import InvalidRequest
 from app.routing.backends import calibrates
 from app.routing.strategies import calibration, labels
+from app.routing.strategies.label_backend import LabelBackend
 from app.routing.strategies.partitioned import PartitionedLru
+from infra_adapters.base import CallOptions
 
 TEAMS = {"billing": "payments", "shipping": "parcels", "technical": "bugs"}
 QUESTION = {"type": "choice", "instructions": "Which team?", "criteria": TEAMS}
@@ -133,7 +135,8 @@ def test_one_projects_many_questions_never_evict_anothers_baselines() -> None:
 
 def test_the_partitioned_cache_keeps_each_bound() -> None:
     cache: PartitionedLru[str, int] = PartitionedLru(per_partition=2, total=3)
-    cache.put("a", "x", 1), cache.put("a", "y", 2), cache.put("a", "z", 3)
+    for key, value in (("x", 1), ("y", 2), ("z", 3)):
+        cache.put("a", key, value)
     assert cache.get("a", "x") is None and cache.get("a", "y") == 2 and len(cache) == 2
     assert cache.get("b", "y") is None  # another partition never sees a's entries
     cache.put("b", "x", 4)
@@ -184,3 +187,42 @@ def test_an_unreadable_label_on_an_empty_state_is_the_same_400() -> None:
     ("all", "vllm", True), ("off", "local", False)])
 def test_which_models_are_calibrated(setting: str, service_type: str, expected: bool) -> None:
     assert calibrates(setting, service_type) is expected
+
+
+def test_a_callers_cache_salt_stays_inside_its_projects_bound() -> None:
+    """The baselines' partition is the project's own salt: a caller varying its request's
+    cache_salt makes baselines of its own, but within its project's bound, never a partition per
+    value that would push other projects' baselines out."""
+
+    class Reader:
+        def __init__(self) -> None:
+            self.biased = BiasedReader()
+
+        async def read_with(self, options: CallOptions, messages: list[dict[str, Any]], labels: Sequence[str],
+                            token_ids: Sequence[Sequence[int]] | None = None,
+                            template_kwargs: Mapping[str, Any] | None = None) -> Read:
+            assert options.partition == "project-a" and options.project_key == "project-a"
+            return await self.biased.read(messages, labels, token_ids, template_kwargs)
+
+        async def tokenize(self, text: str) -> list[int] | None:
+            return None
+
+        async def reply_label_ids(self, labels: Sequence[str]) -> dict[str, list[int]] | None:
+            return None
+
+        async def aclose(self) -> None:
+            return None
+
+    class Inner:
+        kind, url = "local", "package:test"
+
+    backend = LabelBackend(Inner(), "m", Reader(), calibrate=True)  # type: ignore[arg-type]
+    body = {"state": "s", "questions": {"team": QUESTION}}
+
+    async def ask() -> None:
+        for salt in ("x1", "x2", "x3"):
+            await backend.decide({**body, "cache_salt": salt}, CallOptions(10, 1 << 20, tenant_salt="project-a"))
+
+    asyncio.run(ask())
+    assert backend.baselines is not None
+    assert backend.baselines._known.size_of("project-a") == 3 and len(backend.baselines) == 3
