@@ -28,7 +28,8 @@ class InProcessBackend:
     """The Backend protocol's HTTP side answered for a model in the process: ``systemone`` is a
     501 that says how the model answers instead (the forwarding path then takes its read
     strategy), and no public API is routed to it. Its work runs on one thread (``run``), so the
-    event loop never blocks and calls never share the engine at once."""
+    event loop never blocks and calls never share the engine at once; calls wait for it in turn
+    across projects (``FairQueue``), so one project's backlog never stands in front of another's."""
 
     kind = "local"
     name = "the local model"  # for messages: "the local runtime", "the local e5 model"
