@@ -92,6 +92,15 @@ class CallOptions:
     tenant_salt: str | None = None  # per-project prefix-cache salt, for backends that take one
     streaming: bool = False  # the timeout is then the longest silence, not the whole answer
     mesh_hops: int = 0  # mesh hops the request has taken to reach this node (a mesh peer's backend adds one)
+    # The calling project's own key where ``tenant_salt`` has been combined with the caller's
+    # ``cache_salt`` (label reading's reads): what per-project queues and caches are split by.
+    partition: str | None = None
+
+    @property
+    def project_key(self) -> str | None:
+        """What per-project queues and caches (in-process models, read strategies) are split by:
+        the project's own salt, never one a caller can vary."""
+        return self.partition if self.partition is not None else self.tenant_salt
 
 
 class Stream(Protocol):

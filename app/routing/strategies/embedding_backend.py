@@ -3,7 +3,8 @@
 it by similarity (``embeddings.decide``) over what the service offers: Ollama's ``/api/embed``,
 an OpenAI-compatible ``/v1/embeddings`` (vLLM's among them), or the local e5 model.
 
-Passages are cached per model (``embeddings.PassageCache``) for as long as this backend lives:
+Passages are cached per model and project (``embeddings.PassageCache``, split by the caller's
+``CallOptions.project_key``) for as long as this backend lives:
 the registry keeps it across reloads while its service's backend is the same, and sets the
 model's temperature on it at each reload.
 """
@@ -27,14 +28,16 @@ class EmbeddingBackend(StrategyBackend):
     default_temperature = embeddings.DEFAULT_TEMPERATURE
 
     def __init__(self, inner: Backend, model: str, embedder: ModelEmbedder,
-                 temperature: float | None = None, cache_size: int = embeddings.CACHE_SIZE) -> None:
+                 temperature: float | None = None, cache_size: int = embeddings.CACHE_SIZE,
+                 cache_total: int = embeddings.CACHE_TOTAL) -> None:
         super().__init__(inner, model)
         self.temperature = temperature or embeddings.DEFAULT_TEMPERATURE
-        self.cache = embeddings.PassageCache(cache_size)
+        self.cache = embeddings.PassageCache(cache_size, cache_total)
         self._embedder = embedder
 
     async def decide(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
-        return await embeddings.decide(body, _Bound(self._embedder, options), self.cache, self.temperature)
+        return await embeddings.decide(body, _Bound(self._embedder, options), self.cache, self.temperature,
+                                       options.project_key)
 
     async def aclose(self) -> None:
         await self._embedder.aclose()

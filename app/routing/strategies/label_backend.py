@@ -106,10 +106,13 @@ class LabelBackend(StrategyBackend):
     async def decide(self, body: dict[str, Any], options: CallOptions) -> dict[str, Any]:
         # Every read carries the project's prefix-cache salt combined with the caller's own (SPEC §1).
         salt = salted({"cache_salt": body.get("cache_salt")}, options.tenant_salt).get("cache_salt")
-        reads = dataclasses.replace(options, tenant_salt=salt if isinstance(salt, str) else None)
+        # The project's own key stays what its queue place and its kept baselines go by: a caller's
+        # cache_salt is free to vary, and would otherwise buy it a partition per value.
+        reads = dataclasses.replace(options, tenant_salt=salt if isinstance(salt, str) else None,
+                                    partition=options.project_key)
         token_ids = await self.token_ids()
         return await labels.decide(body, _Bound(self._reader, reads), token_ids, self._value_text,
-                                   self._mass_warning, self.baselines, reads.tenant_salt)
+                                   self._mass_warning, self.baselines, reads.tenant_salt, reads.partition)
 
     async def aclose(self) -> None:
         await self._reader.aclose()

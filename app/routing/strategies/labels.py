@@ -344,14 +344,15 @@ def answer_from_read(qid: str, question: Mapping[str, Any], labels: Sequence[str
 async def decide(body: Mapping[str, Any], reader: LabelReader,
                  token_ids: Mapping[str, Sequence[int]] | None = None,
                  text: ValueText = compact_text, mass_warning: float = 0.0,
-                 baselines: calibration.Baselines | None = None, salt: str | None = None) -> dict[str, Any]:
+                 baselines: calibration.Baselines | None = None, salt: str | None = None,
+                 partition: str | None = None) -> dict[str, Any]:
     """``answers``, ``usage`` and ``diagnostics`` for a System One request already validated
     (``app.decisions.schema.validate``). ``token_ids``: label -> the ids its reply's first token
     can be, when the model's tokenizer is known; ``text``: how a non-string instructions or
     description is shown; ``mass_warning``: the ``label_mass`` under which a question's
     diagnostics warn; ``baselines``: the model's content-free baselines when its answers are
-    calibrated (calibration.py), kept per ``salt``. Every question is checked before any read is
-    sent."""
+    calibrated (calibration.py), kept per ``salt`` in the calling project's ``partition``. Every
+    question is checked before any read is sent."""
     refuse_thinking(body)
     state = body["state"]
     instructions = body.get("instructions")
@@ -374,7 +375,8 @@ async def decide(body: Mapping[str, Any], reader: LabelReader,
             return label_probabilities(qid, labels, read), read.input_tokens
 
         shown = None if instructions is None else text(instructions)
-        return await baselines.baseline(calibration.key(shown, question, labels, template_kwargs, salt), read_over)
+        return await baselines.baseline(calibration.key(shown, question, labels, template_kwargs, salt), read_over,
+                                        partition)
 
     tasks = [asyncio.ensure_future(reader.read(messages_for(state, question, labels, instructions, text), labels,
                                                ids, template_kwargs))

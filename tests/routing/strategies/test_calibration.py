@@ -14,6 +14,9 @@ import pytest
 from app.errors import InvalidRequest
 from app.routing.backends import calibrates
 from app.routing.strategies import calibration, labels
+from app.routing.strategies.label_backend import LabelBackend
+from app.routing.strategies.partitioned import PartitionedLru
+from infra_adapters.base import CallOptions
 
 TEAMS = {"billing": "payments", "shipping": "parcels", "technical": "bugs"}
 QUESTION = {"type": "choice", "instructions": "Which team?", "criteria": TEAMS}
@@ -51,8 +54,8 @@ class BiasedReader:
 
 
 def decide(reader: Any, body: dict[str, Any], baselines: calibration.Baselines | None,
-           salt: str | None = None) -> dict[str, Any]:
-    return asyncio.run(labels.decide(body, reader, baselines=baselines, salt=salt))
+           salt: str | None = None, partition: str | None = None) -> dict[str, Any]:
+    return asyncio.run(labels.decide(body, reader, baselines=baselines, salt=salt, partition=partition))
 
 
 def test_the_bias_read_on_empty_states_is_divided_out() -> None:
@@ -112,6 +115,39 @@ def test_baselines_kept_are_bounded_least_recently_used_first() -> None:
     assert reader.states.count("N/A") == reads + 1
 
 
+def test_one_projects_many_questions_never_evict_anothers_baselines() -> None:
+    """Issue 30: with one LRU per model, a tenant's 64-question requests pushed another's baselines
+    out, and that tenant paid the three content-free reads again (counted against its limits)."""
+    baselines = calibration.Baselines(kept=64)
+    reader = BiasedReader()
+    body = {"state": "ticket one", "questions": {"team": QUESTION}}
+    first = decide(reader, body, baselines, salt="b", partition="project-b")
+    assert first["usage"]["input_tokens"] == 40  # the read and its three content-free reads
+    many = {f"q{i}": {**QUESTION, "instructions": f"Which team, {i}?"} for i in range(64)}
+    for turn in range(3):  # project A: 192 questions, three times B's whole bound
+        decide(reader, {"state": "s", "questions": {f"{k}-{turn}": {**q, "instructions": f"{q['instructions']}{turn}"}
+                                                   for k, q in many.items()}},
+               baselines, salt="a", partition="project-a")
+    assert baselines._known.size_of("project-a") == 64  # A is held to its own bound
+    second = decide(reader, {**body, "state": "ticket two"}, baselines, salt="b", partition="project-b")
+    assert second["usage"]["input_tokens"] == 10 and second["usage"]["output_tokens"] == 1
+
+
+def test_the_partitioned_cache_keeps_each_bound() -> None:
+    cache: PartitionedLru[str, int] = PartitionedLru(per_partition=2, total=3)
+    for key, value in (("x", 1), ("y", 2), ("z", 3)):
+        cache.put("a", key, value)
+    assert cache.get("a", "x") is None and cache.get("a", "y") == 2 and len(cache) == 2
+    assert cache.get("b", "y") is None  # another partition never sees a's entries
+    cache.put("b", "x", 4)
+    cache.put("c", "x", 5)  # over the total: the least recently used partition, a, gives its oldest
+    assert len(cache) == 3 and cache.size_of("a") == 1 and cache.get("a", "y") == 2  # y was used last
+    cache.put("c", "y", 6)  # b is now the least recently used partition
+    assert cache.size_of("b") == 0 and len(cache) == 3
+    with pytest.raises(ValueError):
+        PartitionedLru(per_partition=3, total=2)
+
+
 def test_every_question_type_is_calibrated_and_order_is_kept() -> None:
     body = {"state": "s", "questions": {
         "z": {"type": "score", "criteria": ["low", "mid", "high"]},
@@ -151,3 +187,42 @@ def test_an_unreadable_label_on_an_empty_state_is_the_same_400() -> None:
     ("all", "vllm", True), ("off", "local", False)])
 def test_which_models_are_calibrated(setting: str, service_type: str, expected: bool) -> None:
     assert calibrates(setting, service_type) is expected
+
+
+def test_a_callers_cache_salt_stays_inside_its_projects_bound() -> None:
+    """The baselines' partition is the project's own salt: a caller varying its request's
+    cache_salt makes baselines of its own, but within its project's bound, never a partition per
+    value that would push other projects' baselines out."""
+
+    class Reader:
+        def __init__(self) -> None:
+            self.biased = BiasedReader()
+
+        async def read_with(self, options: CallOptions, messages: list[dict[str, Any]], labels: Sequence[str],
+                            token_ids: Sequence[Sequence[int]] | None = None,
+                            template_kwargs: Mapping[str, Any] | None = None) -> Read:
+            assert options.partition == "project-a" and options.project_key == "project-a"
+            return await self.biased.read(messages, labels, token_ids, template_kwargs)
+
+        async def tokenize(self, text: str) -> list[int] | None:
+            return None
+
+        async def reply_label_ids(self, labels: Sequence[str]) -> dict[str, list[int]] | None:
+            return None
+
+        async def aclose(self) -> None:
+            return None
+
+    class Inner:
+        kind, url = "local", "package:test"
+
+    backend = LabelBackend(Inner(), "m", Reader(), calibrate=True)  # type: ignore[arg-type]
+    body = {"state": "s", "questions": {"team": QUESTION}}
+
+    async def ask() -> None:
+        for salt in ("x1", "x2", "x3"):
+            await backend.decide({**body, "cache_salt": salt}, CallOptions(10, 1 << 20, tenant_salt="project-a"))
+
+    asyncio.run(ask())
+    assert backend.baselines is not None
+    assert backend.baselines._known.size_of("project-a") == 3 and len(backend.baselines) == 3
