@@ -141,10 +141,11 @@ class Kept:
 
 class ChatForwarder:
     def __init__(self, registry: Registry, router: ReplicaRouter, settings: Settings,
-                 limiter: RateLimiter | None = None, tracing: Tracing | None = None) -> None:
+                 limiter: RateLimiter | None = None, tracing: Tracing | None = None, *,
+                 salts: TenantSalts | None = None) -> None:
         self._limiter = limiter
         self._tracing = tracing or Tracing(None, state=False, state_max_bytes=0)
-        self._salts = TenantSalts(settings)
+        self._salts = salts or TenantSalts(settings)  # the app's one, keyed at start-up (salts.py)
         self._registry = registry
         self._router = router
         self._settings = settings
