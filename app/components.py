@@ -33,6 +33,7 @@ from app.telemetry.usage import UsageLedger
 from app.tenancy import service as tenancy
 from app.tenancy.keycache import KeyCache
 from app.tenancy.limits import LocalStore, RateLimiter, RedisStore
+from app.tenancy.salts import TenantSalts, stored_secret
 from app.tenancy.throttle import FailureThrottle, LocalFailures, RedisFailures
 from app.tenancy.touches import KeyTouches
 from infra_adapters.admin import AdminClient
@@ -64,8 +65,9 @@ class Components:
         self.throttle = FailureThrottle(RedisFailures(self.redis) if self.redis is not None else LocalFailures(),
                                         limit=settings.auth_failure_limit, window=settings.auth_failure_window)
         self.router = ReplicaRouter(settings.replica_backoff)
-        self.forwarder = Forwarder(self.registry, self.router, settings, self.tracing, self.limiter)
-        self.chat = ChatForwarder(self.registry, self.router, settings, self.limiter, self.tracing)
+        self.salts = TenantSalts(settings)
+        self.forwarder = Forwarder(self.registry, self.router, settings, self.tracing, self.limiter, salts=self.salts)
+        self.chat = ChatForwarder(self.registry, self.router, settings, self.limiter, self.tracing, salts=self.salts)
         self.mesh = Mesh(settings, self.registry, self.database, self.redis)
         # Every admin call to a backend (versions, model lists, removals) on one pooled client.
         self.admin = AdminClient(timeout=settings.backend_admin_timeout,
@@ -99,6 +101,8 @@ class Components:
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()  # for tools and tests that look inside from outside
         await asyncio.to_thread(self.prepare_database)
+        if self.salts.needs_stored_secret:  # no secret set: the deployment's own, read once here
+            self.salts.adopt(await asyncio.to_thread(stored_secret, self.database))
         await asyncio.to_thread(self.ledger.load_spool)  # what a shutdown could not write: written soon
         await asyncio.to_thread(self.spool_watch.look)  # and what is left there (a file it could not read)
         if self.settings.metrics_port is not None:

@@ -64,7 +64,7 @@ class Arbiter:
                                         c.mesh.auth, off_loop, budget)
         self.chat = ChatRoute(c.keys, c.chat, c.touches, c.observer, settings, c.mesh.auth, budget, off_loop)
         # The same registry, replica router (in-flight counts, back-off), limiter and tracing.
-        openai = OpenAIDecisionForwarder(c.registry, c.router, settings, c.tracing, c.limiter)
+        openai = OpenAIDecisionForwarder(c.registry, c.router, settings, c.tracing, c.limiter, salts=c.salts)
         self.openai_decisions = OpenAIDecisionsRoute(c.keys, openai, c.touches, c.observer, c.tracing, settings,
                                                      c.mesh.auth, off_loop, budget)
         self.route_templates = RouteTemplates(self.fastapi)

@@ -5,7 +5,9 @@ Every field is documented in docs/configuration.md; a test fails when one is not
 
 from __future__ import annotations
 
+import math
 import re
+import string
 from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationInfo, field_validator
@@ -15,11 +17,19 @@ MiB = 1024 * 1024
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 PLACEHOLDER = re.compile(r"change[-_ ]?me", re.IGNORECASE)
 # Secrets that guard something on their own (SPEC §3, §5, §6): at least 32 characters, at least 8
-# of them different, and not a shorter piece repeated. A hex or base64 token of 16+ random bytes
-# passes (a hex one of 16 bytes has fewer than 8 different digits about once in 10^8 draws).
+# of them different, not a shorter piece repeated, and at least SECRET_MIN_BITS of estimated
+# randomness (``secret_bits``). A hex or base64 token of 16+ random bytes passes (a hex one of 16
+# bytes has fewer than 8 different digits about once in 10^8 draws; its estimate falls under the
+# bits only with three or more repeats of 5+ characters in 32 random digits, far rarer still).
 STRONG_SECRETS = ("secret_key", "key_pepper", "metrics_token", "mesh_key")
 SECRET_MIN_CHARS = 32
 SECRET_MIN_DISTINCT = 8
+SECRET_MIN_BITS = 96
+SECRET_GENERATOR = "arbiter secret"  # prints a fresh one (app/cli/local.py)
+_REPEAT_MIN = 5  # a piece seen before counts as a repeat from this length on
+_RUN_MIN = 3  # characters continuing a run (abc, 987, aaa, qwe) count as one from this many on
+_KEYBOARD = {c: (row, col) for row, keys in enumerate(("`1234567890-=", "qwertyuiop[]\\", "asdfghjkl;'", "zxcvbnm,./"))
+             for col, c in enumerate(keys)}
 
 
 class Settings(BaseSettings):
@@ -208,7 +218,7 @@ class Settings(BaseSettings):
         problem = None if value is None else weak_secret_problem(value.get_secret_value())
         if problem is not None:
             name = f"ARBITER_{(info.field_name or '').upper()}"
-            raise ValueError(f"{name} {problem}; use a random value, made with: "
+            raise ValueError(f"{name} {problem}; use a random value, made with `{SECRET_GENERATOR}` or "
                              "python -c \"import secrets; print(secrets.token_urlsafe(32))\"")
         return value
 
@@ -227,7 +237,86 @@ def weak_secret_problem(value: str) -> str | None:
     for period in range(1, len(value) // 2 + 1):
         if value == (value[:period] * (len(value) // period + 1))[: len(value)]:
             return f"is a piece of {period} characters repeated"
+    bits = secret_bits(value)
+    if bits < SECRET_MIN_BITS:
+        return (f"is too predictable: about {int(bits)} bits of randomness once its runs (abc, 321, qwerty) "
+                f"and repeated pieces are discounted, under the {SECRET_MIN_BITS} needed")
     return None
+
+
+def secret_bits(value: str, enough: float = SECRET_MIN_BITS) -> float:
+    """An estimate of the randomness in ``value``, in bits, counted until ``enough``: each character
+    is worth log2 of its alphabet (the classes it draws from: 16 for hex digits alone), except that
+    a piece repeating an earlier one (5+ characters) costs only where it starts and its length, and
+    a run continuing the character before it (the next or the previous letter or digit, the same
+    again, a neighbour on the keyboard's row: 3+ characters) costs its length and its kind of step.
+    A random token loses next to nothing; a word repeated or a counted run loses most."""
+    per_char = math.log2(_alphabet(value))
+    bits = 0.0
+    i = 0
+    while i < len(value) and bits < enough:
+        repeat = _repeat_at(value, i)
+        if repeat >= _REPEAT_MIN:
+            bits += math.log2(i) + math.log2(repeat)
+            i += repeat
+            continue
+        run = _run_at(value, i)
+        if run >= _RUN_MIN:
+            bits += math.log2(run) + 2  # its length, and which of the four kinds of step
+            i += run
+            continue
+        bits += per_char
+        i += 1
+    return bits
+
+
+def _alphabet(value: str) -> int:
+    chars = set(value)
+    if chars <= set(string.digits + "abcdef") or chars <= set(string.digits + "ABCDEF"):
+        return 16
+    classes = (string.ascii_lowercase, string.ascii_uppercase, string.digits)
+    size = sum(len(letters) for letters in classes if chars & set(letters))
+    return size + (33 if any(not (c.isascii() and c.isalnum()) for c in chars) else 0)
+
+
+def _repeat_at(value: str, i: int) -> int:
+    """The length of the longest piece from ``i`` on that also starts at an earlier position."""
+    best = 0
+    for j in range(i):
+        length = 0
+        while i + length < len(value) and value[j + length] == value[i + length]:
+            length += 1
+        best = max(best, length)
+    return best
+
+
+def _run_at(value: str, i: int) -> int:
+    """How many characters from ``i`` on each take one same step from the one before (code point
+    +1, -1 or 0; keyboard row +1 or -1)."""
+    if i == 0:
+        return 0
+    longest = 0
+    for position, steps in ((_code_point, (-1, 0, 1)), (_key, (-1, 1))):
+        before, here = position(value[i - 1]), position(value[i])
+        if before is None or here is None or here - before not in steps:
+            continue
+        step, length = here - before, 0
+        while i + length < len(value):
+            before, here = position(value[i + length - 1]), position(value[i + length])
+            if before is None or here is None or here - before != step:
+                break
+            length += 1
+        longest = max(longest, length)
+    return longest
+
+
+def _code_point(c: str) -> int | None:
+    return ord(c)
+
+
+def _key(c: str) -> int | None:
+    where = _KEYBOARD.get(c.lower())
+    return None if where is None else where[0] * 100 + where[1]
 
 
 def sqlalchemy_url(url: str) -> str:

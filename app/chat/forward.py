@@ -141,10 +141,11 @@ class Kept:
 
 class ChatForwarder:
     def __init__(self, registry: Registry, router: ReplicaRouter, settings: Settings,
-                 limiter: RateLimiter | None = None, tracing: Tracing | None = None) -> None:
+                 limiter: RateLimiter | None = None, tracing: Tracing | None = None, *,
+                 salts: TenantSalts | None = None) -> None:
         self._limiter = limiter
         self._tracing = tracing or Tracing(None, state=False, state_max_bytes=0)
-        self._salts = TenantSalts(settings)
+        self._salts = salts or TenantSalts(settings)  # the app's one, keyed at start-up (salts.py)
         self._registry = registry
         self._router = router
         self._settings = settings
@@ -181,10 +182,17 @@ class ChatForwarder:
         return speaking
 
     async def admit(self, principal: Principal) -> None:
-        """Request limits apply to chat too (its tokens are not charged: streams carry no usage)."""
+        """Request and token limits apply to chat as to decisions: one request and one token to
+        enter, the rest of its tokens charged when its answer or stream ends (``charge``)."""
         requests, tokens = limits_of(principal)
         if self._limiter is not None and (requests or tokens):
             await self._limiter.admit(requests, tokens)
+
+    async def charge(self, principal: Principal, used: int) -> None:
+        """Spend the tokens a chat used (app/chat/tokens.py ``charged``) from its token buckets."""
+        tokens = limits_of(principal)[1]
+        if tokens and self._limiter is not None:
+            await self._limiter.charge(tokens, used)
 
     async def open(self, replicas: list[Replica], body: dict[str, Any], api: str,
                    headers: dict[str, str], principal: Principal | None = None) -> Answer:

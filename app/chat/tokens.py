@@ -48,3 +48,43 @@ def of_stream_tail(tail: bytes) -> tuple[int | None, int | None]:
         if tokens != (None, None):
             return tokens
     return None, None
+
+
+BYTES_PER_TOKEN = 4  # a request's tokens when its answer does not say: its bytes over this
+
+
+class StreamTally:
+    """What a chat stream carried so far: its last two chunks (where the usage is) and its events
+    counted (``data:`` lines of SSE, lines of NDJSON: one token each, about what a backend sends
+    per event). A byte count per chunk, nothing parsed: the end alone is read, once."""
+
+    __slots__ = ("_sse", "events", "last", "previous")
+
+    def __init__(self, *, sse: bool) -> None:
+        self._sse = sse
+        self.events = 0
+        self.previous = self.last = b""
+
+    def add(self, chunk: bytes) -> None:
+        if self._sse:
+            self.events += chunk.count(b"data:") - chunk.count(b"[DONE]")
+        else:
+            self.events += chunk.count(b"\n")
+        self.previous, self.last = self.last, chunk
+
+    def tokens(self) -> tuple[int | None, int | None]:
+        """The usage the stream's end reports; else (a stream cut short, or an OpenAI stream
+        without ``stream_options.include_usage``) its events counted as output, input unknown."""
+        reported = of_stream_tail(self.previous + self.last)
+        if reported != (None, None):
+            return reported
+        return None, max(0, self.events)
+
+
+def charged(tokens: tuple[int | None, int | None], request_bytes: int) -> int:
+    """The tokens a chat is charged against ``tokens_per_minute``: what its answer reports, the
+    input estimated from the request's size where the answer does not say it."""
+    tokens_in, tokens_out = tokens
+    if tokens_in is None:
+        tokens_in = request_bytes // BYTES_PER_TOKEN
+    return tokens_in + (tokens_out or 0)

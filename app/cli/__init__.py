@@ -1,7 +1,7 @@
 """The ``arbiter`` command line (docs/cli.md has every command).
 
     arbiter --version | arbiter completion bash|zsh|fish
-    arbiter serve [--host H] [--port P] | arbiter migrate | arbiter emulate ollama|vllm --port N
+    arbiter serve [--host H] [--port P] | arbiter migrate | arbiter secret | arbiter emulate ollama|vllm --port N
     arbiter organization create|list|show|rename
     arbiter project create|list|show|set|archive|unarchive
     arbiter key create|list|show|revoke|rotate            (project keys)

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import os
 import re
+import shlex
 import ssl
+import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,12 +70,53 @@ def open_client(args: argparse.Namespace) -> Iterator[Client]:
     from app.cli.http_client import HttpClient
     from app.version import VERSION
 
-    remote = HttpClient(_checked_url(url), _admin_key(args), verify=_verify(args), timeout=_timeout(args),
+    checked, key = _checked_url(url), _admin_key(args)
+    for warning in remote_warnings(checked, _key_file(args)):
+        print(f"arbiter: warning: {warning}", file=sys.stderr)
+    remote = HttpClient(checked, key, verify=_verify(args), timeout=_timeout(args),
                         user_agent=f"arbiter-cli/{VERSION}")
     try:
         yield remote
     finally:
         remote.close()
+
+
+def remote_warnings(url: str, key_file: str | None) -> list[str]:
+    """What is risky about this remote call, said once per command on stderr (and never the key):
+    an admin key file others on the machine can read, and a plain-HTTP address off this machine,
+    where the key would cross the network in the clear."""
+    warnings = []
+    if key_file is not None:
+        try:
+            mode = Path(key_file).expanduser().stat().st_mode
+        except OSError:
+            mode = 0
+        if mode & 0o044:
+            warnings.append(f"the admin key file {key_file!r} can be read by other users (mode "
+                            f"{stat.S_IMODE(mode):04o}); make it yours alone: chmod 600 {shlex.quote(key_file)}")
+    parts = urlsplit(url)
+    if parts.scheme == "http" and not _loopback(parts.hostname or ""):
+        warnings.append(f"{parts.hostname} is reached over plain http: the admin key and every answer cross "
+                        "the network unencrypted; use https:// (a TLS-terminating proxy in front of Arbiter)")
+    return warnings
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.") or host.lower().endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _key_file(args: argparse.Namespace) -> str | None:
+    """The admin key file the key is read from, when it comes from one (``_admin_key``'s order)."""
+    if getattr(args, "admin_key_file", None) is not None:
+        return str(args.admin_key_file)
+    if getattr(args, "admin_key", None) is not None:
+        return None
+    return os.environ.get("ARBITER_ADMIN_KEY_FILE") or None
 
 
 def given_options(args: argparse.Namespace) -> list[str]:

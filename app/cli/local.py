@@ -1,5 +1,5 @@
 """The commands that only ever run where the database and the process are: ``serve``,
-``migrate`` and ``emulate``. They take no remote options."""
+``migrate``, ``secret`` and ``emulate``. They take no remote options."""
 
 from __future__ import annotations
 
@@ -16,6 +16,16 @@ def add_parsers(sub: Any) -> None:
     serve.add_argument("--port", type=int, help="port to bind (default: ARBITER_PORT or 8080)")
     serve.set_defaults(run=_serve, local_only=True)
     sub.add_parser("migrate", help="apply database migrations").set_defaults(run=_migrate, local_only=True)
+    sub.add_parser("secret", help="print a fresh random secret (ARBITER_SECRET_KEY, ARBITER_MESH_KEY, ...)"
+                   ).set_defaults(run=_secret, local_only=True)
+
+
+def _secret(args: argparse.Namespace) -> int:
+    """32 random bytes, URL-safe base64 (43 characters): what every strong secret setting takes."""
+    import secrets
+
+    print(secrets.token_urlsafe(32))
+    return 0
 
 
 def add_emulate_parsers(sub: Any) -> None:

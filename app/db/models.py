@@ -245,3 +245,13 @@ class MeshNonce(Base):
 
     nonce: Mapped[str] = mapped_column(String(32), primary_key=True)
     expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), index=True)
+
+
+class DeploymentSecret(Base):
+    """A random secret this deployment made for itself, once, where no setting gives one (the
+    cache salt's without ARBITER_SECRET_KEY or ARBITER_KEY_PEPPER): every replica reads the same."""
+
+    __tablename__ = "deployment_secrets"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(200))

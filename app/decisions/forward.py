@@ -61,13 +61,14 @@ class Outcome:
 
 class Forwarder:
     def __init__(self, registry: Registry, router: ReplicaRouter, settings: Settings,
-                 tracing: Tracing | None = None, limiter: RateLimiter | None = None) -> None:
+                 tracing: Tracing | None = None, limiter: RateLimiter | None = None, *,
+                 salts: TenantSalts | None = None) -> None:
         self._limiter = limiter
         self._registry = registry
         self._router = router
         self._settings = settings
         self._tracing = tracing or Tracing(None, state=False, state_max_bytes=0)
-        self._salts = TenantSalts(settings)
+        self._salts = salts or TenantSalts(settings)  # the app's one, keyed at start-up (salts.py)
 
     async def admit(self, principal: Principal) -> None:
         """Spend one request from the principal's rate limits (RateLimited, 429, when one is spent).

@@ -34,6 +34,7 @@ class KeyCache:
         self._entries: dict[str, tuple[float, Principal | None]] = {}
         self._loading: dict[str, asyncio.Future[Principal | None]] = {}
         self._generation = 0
+        self._changed: asyncio.Event | None = None  # set at the next invalidate(), for running streams
 
     async def authenticate(self, authorization: str | None, kind: str) -> Principal:
         """The principal of a request's Authorization header, or AuthenticationFailed."""
@@ -98,6 +99,21 @@ class KeyCache:
         self._generation += 1
         self._entries.clear()
         self._loading.clear()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def changed(self, within: float) -> None:
+        """Return at the next invalidate() (a key or project changed, here or, through the change
+        bus, on another replica), or after ``within`` seconds, whichever comes first: a running
+        stream looks at its key again then (``authenticate``: in memory, unless that key's entry
+        was dropped or is stale)."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._changed.wait(), within)
+        except TimeoutError:
+            pass
 
 
 def _fail(future: asyncio.Future[Principal | None], error: BaseException) -> None:

@@ -26,8 +26,8 @@ _files() {{ print -r -- "<files>"; }}
 comp() {{ words=("$@"); CURRENT=${{#words}}; _arbiter; }}
 """
 CASES = [  # the words typed (the last one is being completed), and what must be offered
-    (("arbiter", ""), {"serve", "migrate", "project", "organization", "key", "admin", "service", "model", "alias",
-                       "emulate", "completion"}),
+    (("arbiter", ""), {"serve", "migrate", "secret", "project", "organization", "key", "admin", "service", "model",
+                       "alias", "emulate", "completion"}),
     (("arbiter", "pro"), {"project"}),
     (("arbiter", "project", ""), {"create", "list", "show", "set", "archive", "unarchive"}),
     (("arbiter", "organization", ""), {"create", "list", "show", "rename"}),

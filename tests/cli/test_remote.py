@@ -37,6 +37,7 @@ def test_a_role_that_may_not_is_explained(cli: Run, stack: Stack, tmp_path: Path
     with stack.client("admin") as owner:
         viewer = body(owner.post("/admin/admin-keys", json={"role": "viewer"}), 201)["key"]
     (tmp_path / "viewer").write_text(viewer)
+    (tmp_path / "viewer").chmod(0o600)
     env = {"ARBITER_ADMIN_KEY_FILE": str(tmp_path / "viewer")}
     assert cli("remote", "project", "list", env=env).code == 0  # a viewer reads
     cli("remote", "project", "create", "nope", env=env).error_line("not allowed", "'viewer'", "ask an owner")
@@ -121,6 +122,7 @@ def test_bad_input_is_a_clear_error_in_both_modes(cli: Run, mode: str) -> None:
 def test_the_real_command_against_a_server_that_is_down(tmp_path: Path) -> None:
     """As a user runs it: the installed ``arbiter``, a one-line error, exit 1, no traceback."""
     (tmp_path / "key").write_text("arb_admin_" + "k" * 40)
+    (tmp_path / "key").chmod(0o600)
     env = {"PATH": "/usr/bin:/bin", "ARBITER_URL": f"http://127.0.0.1:{closed_port()}",
            "ARBITER_ADMIN_KEY_FILE": str(tmp_path / "key")}
     result = subprocess.run([ARBITER, "service", "status"], env=env, capture_output=True, text=True, timeout=60,
@@ -128,6 +130,36 @@ def test_the_real_command_against_a_server_that_is_down(tmp_path: Path) -> None:
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.startswith("arbiter: cannot reach") and result.stderr.count("\n") == 1
     assert "Traceback" not in result.stderr and "kkkk" not in result.stderr
+
+
+def test_a_key_file_others_can_read_is_warned_of_once(cli: Run, key_file: Path) -> None:
+    key_file.chmod(0o644)
+    result = cli("remote", "project", "list")
+    assert result.code == 0 and "acme" in result.out
+    [warning] = result.err.strip().splitlines()
+    assert warning.startswith("arbiter: warning: ") and "other users" in warning and "chmod 600" in warning
+    assert "0644" in warning and "arb_" not in result.err
+    key_file.chmod(0o600)
+    assert cli("remote", "project", "list").err == ""  # loopback http, a private key file: nothing to say
+
+
+@pytest.mark.parametrize("url", ["http://192.0.2.1:9", "http://arbiter.example.invalid:9"])
+def test_plain_http_to_another_host_is_warned_of(cli: Run, url: str) -> None:
+    result = cli("remote", "project", "list", "--request-timeout", "0.5", env={"ARBITER_URL": url})
+    lines = result.err.strip().splitlines()
+    assert lines[0].startswith("arbiter: warning: ") and "plain http" in lines[0] and "https://" in lines[0]
+    assert len(lines) == 2 and lines[1].startswith("arbiter: ") and "warning" not in lines[1]  # then the failure
+
+
+def test_which_addresses_are_warned_of() -> None:
+    from app.cli.connection import remote_warnings
+
+    for quiet in ("http://127.0.0.1:8080", "http://127.3.4.5", "http://[::1]:8080", "http://localhost:8080",
+                  "http://LOCALHOST", "https://arbiter.example.com", "https://10.0.0.5:8443"):
+        assert remote_warnings(quiet, None) == [], quiet
+    for loud in ("http://10.0.0.5:8080", "http://arbiter.example.com", "http://[2001:db8::1]",
+                 "http://localhost.example.com", "http://0.0.0.0:8080"):
+        assert len(remote_warnings(loud, None)) == 1, loud
 
 
 # -- TLS ----------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.support import Stack, assert_error, closed_port, decision, redis_url
+from tests.support import Stack, assert_error, closed_port, decision, redis_url, wait_for
 
 REDIS = redis_url(2)
 
@@ -110,6 +110,44 @@ def test_limits_apply_to_chat_and_not_to_the_test_action(stack: Stack, limited: 
     with limited.client(stack.admin_key) as admin:
         model = next(m["id"] for m in admin.get("/admin/models").json()["data"] if m["public_name"] == "nimble")
         assert admin.post(f"/admin/models/{model}/test").json()["ok"] is True
+
+
+CHATS = [("/v1/chat/completions", False), ("/v1/chat/completions", True), ("/api/chat", False),
+         ("/api/chat", True)]
+
+
+@pytest.mark.parametrize(("path", "stream"), CHATS)
+def test_chat_pays_its_tokens(stack: Stack, limited: Any, path: str, stream: bool) -> None:
+    """Any chat uses more than five tokens (its answer's usage, or for an OpenAI stream without
+    include_usage its events and the request's size): the first spends the minute's budget."""
+    set_project_limits(stack, limited, tokens_per_minute=5)
+    chat = {"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+    with limited.client(stack.project_key) as client:
+        codes = [client.post(path, json=chat).status_code for _ in range(3)]
+        assert codes == [200, 429, 429]
+        refused = client.post("/v1/systemone", json=decision())  # one budget for both
+    assert "5 tokens per minute" in assert_error(refused, 429)["error"]
+
+
+def chats_finished(gateway: Any) -> float:
+    registry = gateway.app.components.metrics.registry
+    return sum(sample.value for metric in registry.collect() for sample in metric.samples
+               if sample.name == "gen_ai_client_operation_duration_seconds_count"
+               and sample.labels.get("gen_ai_operation_name") == "chat")
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+def test_a_stream_left_early_pays_what_was_sent(stack: Stack, limited: Any, path: str) -> None:
+    set_project_limits(stack, limited, tokens_per_minute=5)
+    stack.ollama_state.stream_delay = 0.5
+    chat = {"model": "llama3.2", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with limited.client(stack.project_key) as client:
+        with client.stream("POST", path, json=chat) as response:
+            assert response.status_code == 200
+            next(response.iter_raw())  # the first event, then the client goes away
+        stack.ollama_state.stream_delay = 0.0
+        wait_for(lambda: chats_finished(limited) == 1)  # charged before its record is finished
+        assert_error(client.post(path, json=chat), 429)
 
 
 def test_limits_can_be_lifted_and_bad_values_are_400(stack: Stack) -> None:

@@ -269,3 +269,45 @@ def test_chat_to_vllm_carries_the_projects_cache_salt(db: Any, vllm: Any, gatewa
     salts = [r.json.get("cache_salt") for r in state.requests if r.path in ("/v1/chat/completions", "/v1/systemone")]
     assert salts[0] and salts[0] == salts[2]  # one salt per project, chat and decisions alike
     assert salts[1] not in (None, "mine", salts[0])  # the caller's salt is combined, never trusted
+
+
+def _revoke_mid_stream(stack: Stack, streaming: Any, path: str) -> list[bytes]:
+    """The events of a slow stream through ``streaming`` (a gateway) whose key is revoked through
+    the admin API after its first event; the stream would go on for over ten seconds more."""
+    stack.ollama_state.stream_delay = 2.0
+    with stack.client("admin") as admin:
+        key_id = admin.get("/admin/projects/acme/keys").json()["data"][0]["id"]
+    events: list[bytes] = []
+    with streaming.client(stack.project_key) as client, \
+            client.stream("POST", path, json=chat(stream=True)) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.strip():
+                continue
+            events.append(line.encode())
+            if len(events) == 1:
+                with stack.client("admin") as admin:
+                    assert admin.post(f"/admin/keys/{key_id}/revoke").status_code == 200
+    stack.ollama_state.stream_delay = 0.0
+    return events
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat"])
+def test_a_revoked_key_s_stream_ends(stack: Stack, path: str) -> None:
+    events = _revoke_mid_stream(stack, stack.gateway, path)
+    last = orjson.loads(events[-1].removeprefix(b"data: "))
+    message = last["error"]["message"] if path == "/v1/chat/completions" else last["error"]
+    assert "revoked" in message
+    # Cut short: the backend's answer has five pieces after its first event, and its end.
+    assert len(events) <= 3, events
+    assert not any(b"[DONE]" in e or b'"done":true' in e for e in events)
+    wait_for(lambda: [r.in_flight for e in stack.gateway.app.components.registry.entries()
+                      for r in e.replicas if e.public_name == "llama3.2"] == [0], timeout=5)
+
+
+def test_a_stream_on_another_replica_ends_when_its_key_cache_learns(stack: Stack, gateway_factory: Any) -> None:
+    """No change bus (no Redis): the other replica's cached key expires, and its watch reads it again."""
+    other = gateway_factory(key_cache_ttl=0.5)
+    events = _revoke_mid_stream(stack, other, "/api/chat")
+    assert "revoked" in orjson.loads(events[-1])["error"]
+    assert len(events) <= 3, events
