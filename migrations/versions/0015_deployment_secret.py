@@ -1,7 +1,7 @@
 """deployment secrets: a random per-deployment secret behind the cache salt when no secret is set
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 Create Date: 2026-12-06 05:00:00
 """
 from alembic import op
@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 
 revision = '0015'
-down_revision = '0013'
+down_revision = '0014'
 branch_labels = None
 depends_on = None
 
