@@ -310,7 +310,10 @@ class RateLimiter:
         while True:
             await asyncio.sleep(PROBE_INTERVAL)
             if self.sharing:
-                await self.ping()
+                try:
+                    await self.ping()
+                except Exception:  # the probe must outlive any surprise, or shares would never end
+                    log.exception("rate limits: looking for Redis failed")
 
 
 def limits_of(principal: Any) -> tuple[list[Limit], list[Limit]]:
