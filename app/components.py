@@ -33,6 +33,7 @@ from app.telemetry.usage import UsageLedger
 from app.tenancy import service as tenancy
 from app.tenancy.keycache import KeyCache
 from app.tenancy.limits import LocalStore, RateLimiter, RedisStore
+from app.tenancy.replicas import ReplicaCount
 from app.tenancy.salts import TenantSalts, stored_secret
 from app.tenancy.throttle import FailureThrottle, LocalFailures, RedisFailures
 from app.tenancy.touches import KeyTouches
@@ -54,13 +55,19 @@ class Components:
         self.registry = Registry(self.database, settings, read=registry_rows, labels=backend_labels)
         self.metrics = Metrics(project_label=settings.metrics_project_label)
         self.redis = _redis_client(settings)
+        # The replicas counted in the database: while Redis is away, each counts limit / replicas.
+        self.replica_count = ReplicaCount(self.database, settings.registry_refresh_interval)
         self.limiter = RateLimiter(RedisStore(self.redis) if self.redis is not None else LocalStore(),
-                                   fail_open=settings.rate_limit_fail_open, shared=self.redis is not None,
-                                   on_limited=self.metrics.rate_limited.inc)
+                                   fallback=settings.rate_limit_mode, shared=self.redis is not None,
+                                   on_limited=self.metrics.rate_limited.inc,
+                                   replicas=lambda: self.replica_count.count)
         if self.redis is not None:
             self.metrics.redis_up.set_function(lambda: 1.0 if self.limiter.healthy else 0.0)
+            self.metrics.rate_limit_fallback.set_function(lambda: 1.0 if self.limiter.sharing else 0.0)
+            self.metrics.rate_limit_replicas.set_function(lambda: float(self.limiter.replicas()))
         else:  # no Redis to be up or down: no series (a constant 0 would read as an outage)
-            self.metrics.registry.unregister(self.metrics.redis_up)
+            for gauge in (self.metrics.redis_up, self.metrics.rate_limit_fallback, self.metrics.rate_limit_replicas):
+                self.metrics.registry.unregister(gauge)
         self.bus = ChangeBus(self.redis)
         self.throttle = FailureThrottle(RedisFailures(self.redis) if self.redis is not None else LocalFailures(),
                                         limit=settings.auth_failure_limit, window=settings.auth_failure_window)
@@ -123,6 +130,8 @@ class Components:
                                                  "models": self.registry.reload,
                                                  "mesh": self.mesh.reload_peers})),
         ]
+        if self.redis is not None:  # shares of limits while Redis is away, and the way back
+            self._tasks += [asyncio.create_task(self.replica_count.run()), asyncio.create_task(self.limiter.run())]
 
     async def stop(self) -> None:
         """Each step on its own: one failing (the database away) must not skip the others."""
@@ -150,6 +159,7 @@ class Components:
             ("sync", lambda: self.sync.settled(TASKS_STOP_TIMEOUT)),
             ("sync lease", lambda: asyncio.to_thread(self.sync.release)),
             ("admin calls", self.admin.aclose),
+            ("replica heartbeat", lambda: asyncio.to_thread(self.replica_count.release)),
             ("key touches", self.touches.flush),
             ("usage", self._close_ledger),
             ("backends", self.registry.aclose),

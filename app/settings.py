@@ -87,7 +87,11 @@ class Settings(BaseSettings):
         None, description="Redis for rate limits shared by every replica, change notifications and mesh nonces."
     )
     rate_limit_fail_open: bool = Field(
-        False, description="Let requests through when Redis is unreachable (default: refuse with 503)."
+        False, description="Let requests through when Redis is unreachable (ARBITER_RATE_LIMIT_FALLBACK=open)."
+    )
+    rate_limit_fallback: Literal["share", "open", "closed"] = Field(
+        "share", description="Rate limits while Redis is unreachable: each replica counts limit / replicas "
+        "(share), lets requests through (open) or refuses them with 503 (closed)."
     )
     key_cache_ttl: float = Field(30.0, ge=0, description="Seconds a resolved key stays cached.")
 
@@ -192,6 +196,19 @@ class Settings(BaseSettings):
         if value <= 0:
             raise ValueError("must be a positive number of bytes")
         return value
+
+    @field_validator("rate_limit_fallback")
+    @classmethod
+    def _one_fallback(cls, value: str, info: ValidationInfo) -> str:
+        if value == "closed" and info.data.get("rate_limit_fail_open"):
+            raise ValueError("closed contradicts ARBITER_RATE_LIMIT_FAIL_OPEN=true; set only one of them")
+        return value
+
+    @property
+    def rate_limit_mode(self) -> str:
+        """What rate limits do while Redis is unreachable: share, open or closed (the older
+        ARBITER_RATE_LIMIT_FAIL_OPEN=true is open)."""
+        return "open" if self.rate_limit_fail_open else self.rate_limit_fallback
 
     @field_validator("log_level")
     @classmethod

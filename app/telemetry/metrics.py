@@ -83,6 +83,13 @@ class Metrics:
                                     registry=self.registry)
         self.redis_up = Gauge("arbiter_redis_up", "1 when the shared rate-limit store (Redis) answers, "
                               "0 when it does not (absent without Redis).", registry=self.registry)
+        self.rate_limit_fallback = Gauge(
+            "arbiter_rate_limit_fallback", "1 while this replica counts its share of each rate limit in memory "
+            "(Redis unreachable, ARBITER_RATE_LIMIT_FALLBACK=share), 0 while limits are shared (absent without "
+            "Redis).", registry=self.registry)
+        self.rate_limit_replicas = Gauge(
+            "arbiter_rate_limit_replicas", "Replicas counted live (heartbeats in the database): the divisor of "
+            "each limit while Redis is unreachable (absent without Redis).", registry=self.registry)
         self.usage_dropped = Counter("arbiter_usage_records_dropped",
                                      "Usage records given up: unstorable, over the buffer's limit during a "
                                      "database outage, or left at a shutdown the database never came back for.",

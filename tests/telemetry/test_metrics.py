@@ -168,6 +168,7 @@ def test_redis_up_is_absent_without_redis(stack: Stack) -> None:
     with stack.client("admin") as client:
         text = client.get("/metrics").text
     assert "arbiter_redis_up" not in text  # 0 would read as a Redis outage
+    assert "arbiter_rate_limit_fallback" not in text and "arbiter_rate_limit_replicas" not in text
     assert "arbiter_shed_total" in text and "arbiter_rate_limited_total" in text
 
 

@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 import redis
+from pydantic import ValidationError
 
+from app.settings import Settings
 from tests.support import Stack, assert_error, closed_port, decision, redis_url, wait_for
 
 REDIS = redis_url(2)
@@ -164,17 +166,18 @@ def test_limits_can_be_lifted_and_bad_values_are_400(stack: Stack) -> None:
         assert_error(admin.patch("/admin/keys/999999", json={"requests_per_minute": 3}), 404)
 
 
-def test_redis_unreachable_fails_closed_by_default(stack: Stack, gateway_factory: Any) -> None:
+def test_redis_unreachable_can_fail_closed(stack: Stack, gateway_factory: Any) -> None:
+    """By default each replica counts a share (tests/reliability/test_redis_away.py)."""
     set_project_limits(stack, requests_per_minute=100)
     unlimited = stack.new_project("free")
-    gateway = gateway_factory(redis_url=f"redis://127.0.0.1:{closed_port()}/0")
+    gateway = gateway_factory(redis_url=f"redis://127.0.0.1:{closed_port()}/0", rate_limit_fallback="closed")
     with gateway.client(stack.project_key) as client:
         response = client.post("/v1/systemone", json=decision())
         ready = client.get("/readyz")
     assert_error(response, 503)
     assert response.headers["retry-after"] == "5"
     assert ready.status_code == 200 and ready.json()["redis"] == "unreachable"
-    assert "refused" in ready.json()["degraded"]
+    assert "refused" in ready.json()["degraded"] and ready.json()["rate_limits"] == "closed"
     with gateway.client(unlimited) as client:  # no limits: Redis is not needed
         assert client.post("/v1/systemone", json=decision()).status_code == 200
     with gateway.client(stack.admin_key) as admin:
@@ -188,3 +191,13 @@ def test_redis_unreachable_can_fail_open(stack: Stack, gateway_factory: Any) -> 
         assert client.post("/v1/systemone", json=decision()).status_code == 200
         ready = client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["redis"] == "unreachable"
+    assert ready.json()["rate_limits"] == "open"
+
+
+def test_the_fallback_setting_and_fail_open_cannot_contradict() -> None:
+    assert Settings(rate_limit_fail_open=True).rate_limit_mode == "open"  # the older spelling of open
+    assert Settings().rate_limit_mode == "share"
+    with pytest.raises(ValidationError, match="contradicts ARBITER_RATE_LIMIT_FAIL_OPEN"):
+        Settings(rate_limit_fail_open=True, rate_limit_fallback="closed")
+    with pytest.raises(ValidationError):
+        Settings(rate_limit_fallback="sometimes")

@@ -47,6 +47,11 @@ class Alive(BaseModel):
 class Ready(BaseModel):
     status: Literal["ready"]
     redis: Literal["ok", "unreachable"] | None = Field(None, description="with ARBITER_REDIS_URL only")
+    rate_limits: Literal["shared", "local_share", "open", "closed"] | None = Field(
+        None, description="with ARBITER_REDIS_URL only: how limits are counted now (shared in Redis; while it is "
+        "unreachable, each replica's share of each limit, or as ARBITER_RATE_LIMIT_FALLBACK says)")
+    replicas: int | None = Field(None, description="with ARBITER_REDIS_URL only: the replicas counted live, "
+                                 "which divide each limit while Redis is unreachable")
     degraded: str | None = Field(None, description="with Redis unreachable: what rate-limited requests get")
 
 

@@ -60,10 +60,13 @@ async def readyz(components: ComponentsDep) -> JSONResponse:
     if components.redis is not None:
         # Reported, not failed on: every replica shares the one Redis, so failing readiness would
         # take all of them out at once, unlimited projects included.
-        up = await components.limiter.ping()
+        limiter = components.limiter
+        up = await limiter.ping()
         answer["redis"] = "ok" if up else "unreachable"
+        answer["rate_limits"], answer["replicas"] = limiter.mode, limiter.replicas()
         if not up:
-            answer["degraded"] = ("rate-limited requests are " + (
-                "let through (ARBITER_RATE_LIMIT_FAIL_OPEN=true)" if components.settings.rate_limit_fail_open
-                else "refused with 503 (fail closed)"))
+            answer["degraded"] = "rate-limited requests are " + {
+                "local_share": f"counted by each replica against 1/{limiter.replicas()} of each limit",
+                "open": "let through (ARBITER_RATE_LIMIT_FALLBACK=open)",
+            }.get(limiter.mode, "refused with 503 (ARBITER_RATE_LIMIT_FALLBACK=closed)")
     return JSONResponse(answer)
