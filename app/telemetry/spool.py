@@ -333,6 +333,11 @@ class Journal:
 
     # -- the writer ---------------------------------------------------------------------------
 
+    def sync_now(self) -> None:
+        """One write of the writer, in this thread (blocking: tools and tests)."""
+        with self._mutex:
+            self._tick()
+
     def _run(self) -> None:
         while not self._stop:
             if not self._queue and not self._waiters:
