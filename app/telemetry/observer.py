@@ -40,7 +40,7 @@ class Observer:
         self.log_payloads = log_payloads
         self._traced = traced
         # ARBITER_USAGE_DURABLE=always: a request's record is fsynced before its answer (``commit``).
-        journal = ledger.journal
+        journal = getattr(ledger, "journal", None)  # a stand-in ledger (tests) may have none
         self.durable = journal is not None and journal.journaling and journal.always
         self._is_known = is_known
         self._alias_target = alias_target

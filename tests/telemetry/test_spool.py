@@ -18,7 +18,15 @@ from app.db.session import Database
 from app.telemetry import spool
 from app.telemetry.spool import Journal
 from app.telemetry.usage import UsageLedger
-from tests.telemetry.test_ledger import away, db, record, rows  # noqa: F401 - db: the fixture with a project
+from tests.support import Stack
+from tests.telemetry.test_ledger import away, record, rows
+
+
+@pytest.fixture
+def db(db: Database) -> Database:
+    """The test database with a project the records belong to."""
+    Stack.provision(db)
+    return db
 
 
 def lines(directory: Path, suffix: str = ".journal") -> list[bytes]:
@@ -119,7 +127,8 @@ def test_a_shutdown_on_a_full_volume_keeps_what_fit_and_counts_only_the_rest(
 def test_leftovers_are_loaded_or_removed_at_start(db: Database, tmp_path: Path) -> None:
     """An older release's .part (cut short by a full disk), a dead process's journal and an empty
     file: loaded, the cut record and the unreadable line counted as dropped, and all removed."""
-    row = '["2026-12-01T10:00:00+00:00", "{id}", 1, null, "decision", "nimble", "ollama", 200, 3, 1, 2.5, null, "{uid}"]'
+    row = ('["2026-12-01T10:00:00+00:00", "{id}", 1, null, "decision", "nimble", "ollama", 200, 3, 1, 2.5, null, '
+           '"{uid}"]')
     part = tmp_path / "arbiter-usage-spool-7-aaaa.part"
     part.write_text("\n".join(row.format(id=f"p{i}", uid=f"{i:032x}") for i in range(3)) + '\n["2026-12-')
     old = time.time() - 3600
