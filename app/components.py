@@ -27,6 +27,7 @@ from app.services.sync import SyncLoop
 from app.settings import Settings
 from app.telemetry.metrics import Metrics, backend_labels
 from app.telemetry.observer import Observer
+from app.telemetry.spool import Journal
 from app.telemetry.spool_watch import SpoolWatch
 from app.telemetry.tracing import Tracing, provider_from_environment
 from app.telemetry.usage import UsageLedger
@@ -83,12 +84,19 @@ class Components:
         self.installer = Installer(self.database, settings, self.changed_models, self.admin)
         self.touches = KeyTouches(self.database)
         spool_dir = _spool_dir(settings)
-        self.ledger = UsageLedger(self.database, on_dropped=self.metrics.usage_dropped.inc,
-                                  spool_dir=spool_dir, on_write_error=self.metrics.usage_write_errors.inc)
-        self.spool_watch = SpoolWatch(spool_dir)
+        # A spool directory set: every record journaled as it comes; else what a shutdown is left with.
+        journal = Journal(spool_dir, journaling=settings.usage_spool_dir is not None,
+                          interval=settings.usage_fsync_interval, always=settings.usage_durable == "always",
+                          on_fsync=self.metrics.usage_spool_fsync.observe,
+                          on_error=self.metrics.usage_spool_write_errors.inc)
+        self.ledger = UsageLedger(self.database, on_dropped=self.metrics.usage_dropped.inc, journal=journal,
+                                  on_write_error=self.metrics.usage_write_errors.inc)
+        self.spool_watch = SpoolWatch(spool_dir, mine=journal.owner)
         # Read at scrape time, as is every service's reachability the registry last read.
         self.metrics.usage_pending.set_function(lambda: float(self.ledger.pending))
         self.metrics.usage_spool_records.set_function(lambda: float(self.spool_watch.waiting))
+        self.metrics.usage_spool_bytes.set_function(lambda: float(self.spool_watch.bytes))
+        self.metrics.usage_journal_records.set_function(lambda: float(journal.pending_records()))
         self.metrics.service_up.source = self.registry.reachable_services
         self.observer = Observer(self.metrics, self.ledger, log_payloads=settings.log_payloads,
                                  is_known=self.registry.known, alias_target=self.registry.alias_target,
@@ -110,7 +118,8 @@ class Components:
         await asyncio.to_thread(self.prepare_database)
         if self.salts.needs_stored_secret:  # no secret set: the deployment's own, read once here
             self.salts.adopt(await asyncio.to_thread(stored_secret, self.database))
-        await asyncio.to_thread(self.ledger.load_spool)  # what a shutdown could not write: written soon
+        await self.ledger.open()  # the journal: this process's lock in the spool, and its writer
+        await asyncio.to_thread(self.ledger.load_spool)  # what dead processes left in the spool: written soon
         await asyncio.to_thread(self.spool_watch.look)  # and what is left there (a file it could not read)
         if self.settings.metrics_port is not None:
             self._metrics_server = start_http_server(self.settings.metrics_port, self.settings.metrics_host,

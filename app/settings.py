@@ -172,8 +172,15 @@ class Settings(BaseSettings):
     # Background writes.
     flush_interval: float = Field(1.0, gt=0, description="Seconds between batched writes.")
     usage_spool_dir: str | None = Field(
-        None, description="Where usage records the database never took at a shutdown are kept for the next "
-        "start (default: the SQLite database's directory, or the working directory).")
+        None, description="The usage spool: set, every usage record is journaled there as it comes (fsynced "
+        "every ARBITER_USAGE_FSYNC_INTERVAL); unset, only what a shutdown could not write goes there, in the "
+        "SQLite database's directory or the working directory.")
+    usage_fsync_interval: float = Field(
+        0.1, gt=0, le=10, description="Seconds between two writes and fsyncs of the usage journal: what a "
+        "killed process may lose (with ARBITER_USAGE_SPOOL_DIR).")
+    usage_durable: Literal["interval", "always"] = Field(
+        "interval", description="'always': a decision's usage record is fsynced to the journal before its "
+        "answer is sent (needs ARBITER_USAGE_SPOOL_DIR); 'interval': every ARBITER_USAGE_FSYNC_INTERVAL.")
 
     # Observability.
     log_level: str = Field("INFO", description="Log level of the JSON logs.")
@@ -209,6 +216,13 @@ class Settings(BaseSettings):
         """What rate limits do while Redis is unreachable: share, open or closed (the older
         ARBITER_RATE_LIMIT_FAIL_OPEN=true is open)."""
         return "open" if self.rate_limit_fail_open else self.rate_limit_fallback
+
+    @field_validator("usage_durable")
+    @classmethod
+    def _durable_needs_a_spool(cls, value: str, info: ValidationInfo) -> str:
+        if value == "always" and not info.data.get("usage_spool_dir"):
+            raise ValueError("ARBITER_USAGE_DURABLE=always needs ARBITER_USAGE_SPOOL_DIR (where the journal is)")
+        return value
 
     @field_validator("log_level")
     @classmethod

@@ -15,6 +15,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     GCCollector,
+    Histogram,
     PlatformCollector,
     ProcessCollector,
 )
@@ -26,6 +27,7 @@ from app.telemetry.tracing import server_attributes
 
 TOKEN_BUCKETS = tuple(float(4**n) for n in range(14))  # 1, 4, 16, ..., 67108864
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 # The duration histogram's server_address, server_port and gen_ai_response_model of a request
 # that reached no backend (a 404, a 400, a rate limit): empty, which Prometheus reads as absent.
@@ -103,6 +105,19 @@ class Metrics:
             "arbiter_usage_spool_records", "Usage records waiting in spool files in ARBITER_USAGE_SPOOL_DIR, "
             "as this replica sees it: kept by a shutdown and not loaded yet, or not loadable (*.loading).",
             registry=self.registry)
+        self.usage_spool_bytes = Gauge(
+            "arbiter_usage_spool_bytes", "Bytes of every usage spool file in ARBITER_USAGE_SPOOL_DIR (journals "
+            "of running replicas included), as this replica last saw them: what the spool volume holds.",
+            registry=self.registry)
+        self.usage_journal_records = Gauge(
+            "arbiter_usage_journal_records", "This replica's usage records on disk in the spool (its journal, "
+            "files it loaded) that are not in the database yet.", registry=self.registry)
+        self.usage_spool_fsync = Histogram(
+            "arbiter_usage_spool_fsync_seconds", "Time of one write and fsync of the usage journal.",
+            buckets=FSYNC_BUCKETS, registry=self.registry)
+        self.usage_spool_write_errors = Counter(
+            "arbiter_usage_spool_write_errors", "Writes of the usage spool that failed (a full volume: "
+            "ENOSPC); the records wait in memory and are tried again.", registry=self.registry)
         # Read at scrape time from what the registry last read of the services (components.py).
         self.service_up = ServiceUp(registry=self.registry)
         self.overhead = LoopHistogram(

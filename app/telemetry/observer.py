@@ -39,6 +39,9 @@ class Observer:
         self.ledger = ledger
         self.log_payloads = log_payloads
         self._traced = traced
+        # ARBITER_USAGE_DURABLE=always: a request's record is fsynced before its answer (``commit``).
+        journal = getattr(ledger, "journal", None)  # a stand-in ledger (tests) may have none
+        self.durable = journal is not None and journal.journaling and journal.always
         self._is_known = is_known
         self._alias_target = alias_target
         self._pending: list[tuple[RequestRecord, Any]] = []
@@ -65,6 +68,12 @@ class Observer:
             # In a context of its own: not the request's that happened to arm it, whose id its
             # log lines would otherwise carry.
             loop.call_later(self.LATEST, self._on_timer, loop, context=contextvars.Context())
+
+    async def commit(self, record: RequestRecord, body: Any = None) -> None:
+        """``finish``, the bookkeeping at once, and the wait for the record's fsync in the spool."""
+        self.finish(record, body)
+        self.drain()
+        await self.ledger.durable()
 
     def soon(self) -> None:
         """A request has arrived: the bookkeeping left waiting runs once its task first waits."""

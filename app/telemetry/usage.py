@@ -1,11 +1,12 @@
 """The usage ledger: every decision or chat request of a project, per key and model, written
-in batches off the request path and flushed on a clean shutdown, so no record is lost."""
+in batches off the request path and flushed on a clean shutdown, so no record is lost. With a
+spool directory, each record is also journaled there as it comes (app/telemetry/spool.py), so a
+process killed outright loses at most the last fsync interval's records."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import logging
 import os
 import time
@@ -19,16 +20,17 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
+from app import audit
 from app.db.models import Project, UsageRecord
 from app.db.session import Database
 from app.db.timestamps import as_utc
 from app.telemetry.record import RequestRecord
+from app.telemetry.spool import Journal
 
 log = logging.getLogger("arbiter.usage")
 BATCH = 5000
 MAX_PENDING = 500_000  # records held while the database is away (~250 MB); past it the oldest go
 SHUTDOWN_RETRY = 5.0  # seconds a shutdown keeps trying a database that is away, before the spool
-SPOOL_GLOB = "arbiter-usage-spool-*.jsonl"
 DROP_LOG_EVERY = 60.0  # seconds between two log lines about dropped records
 # A row of the ledger, in this order (see ``UsageLedger.add``).
 COLUMNS = ("at", "request_id", "project_id", "key_id", "operation", "model", "provider", "status",
@@ -50,9 +52,14 @@ class UsageLedger:
     hands over ~83 times less often."""
 
     def __init__(self, database: Database, on_dropped: Callable[[int], Any] | None = None,
-                 spool_dir: str | Path | None = None, on_write_error: Callable[[], Any] | None = None) -> None:
+                 spool_dir: str | Path | None = None, on_write_error: Callable[[], Any] | None = None,
+                 journal: Journal | None = None) -> None:
         self._database = database
-        self._spool_dir = Path(spool_dir) if spool_dir is not None else None
+        # The spool: a journal of every record (``journal`` given), or of what a shutdown is left with.
+        self.journal = journal if journal is not None else (
+            Journal(Path(spool_dir), journaling=False) if spool_dir is not None else None)
+        self._journaling = self.journal is not None and self.journal.journaling
+        self._unrecorded: dict[str, int] = {}  # drops not yet in the audit log: reason -> records
         self._pending: list[tuple[Any, ...]] = []
         self._lock = asyncio.Lock()
         self.dropped = 0  # records given up: over MAX_PENDING during an outage, or unwritable
@@ -75,15 +82,36 @@ class UsageLedger:
         if not record.billable or record.model is None:
             return
         if len(self._pending) >= MAX_PENDING:
-            del self._pending[: len(self._pending) - MAX_PENDING + 1]
-            self._drop(1, f"the usage buffer is full ({MAX_PENDING} records) while the database is away")
+            self._over_bound()
         at = record.at or dt.datetime.now(dt.UTC)
-        self._pending.append((
+        row: tuple[Any, ...] = (
             at if self._at is None else self._at(at), record.request_id[:64], record.project_id,
             record.key_id or None, record.operation, record.model[:200], record.provider, record.status,
             record.input_tokens or 0, record.output_tokens or 0, round(record.seconds * 1000, 3),
             record.alias[:200] if record.alias is not None else None,
-        ))
+        )
+        if self._journaling:  # a uid now, so the journal and the database name it alike
+            assert self.journal is not None
+            row += (self.journal.uid(),)
+            self.journal.append(row)
+        self._pending.append(row)
+
+    def _over_bound(self) -> None:
+        """The buffer is full (the database away for long): the oldest record leaves memory. When
+        the spool holds it, the next start writes it; otherwise it is lost, and counted."""
+        gone = self._pending[: len(self._pending) - MAX_PENDING + 1]
+        del self._pending[: len(gone)]
+        journal = self.journal
+        lost = len(gone) if journal is None else sum(
+            1 for row in gone if not (len(row) > WITHOUT_UID and journal.holds(row[WITHOUT_UID])))
+        if lost:
+            self._drop(lost, f"the usage buffer is full ({MAX_PENDING} records) while the database is away")
+
+    async def durable(self) -> None:
+        """ARBITER_USAGE_DURABLE=always: wait until the records added so far are fsynced."""
+        if self._journaling:
+            assert self.journal is not None
+            await self.journal.synced()
 
     @property
     def pending(self) -> int:
@@ -94,6 +122,8 @@ class UsageLedger:
         self.dropped += count
         if self._on_dropped is not None:
             self._on_dropped(count)
+        reason = why.split(" (", 1)[0]
+        self._unrecorded[reason] = self._unrecorded.get(reason, 0) + count
         self._unlogged += count
         now = time.monotonic()
         if now - self._logged_at >= DROP_LOG_EVERY:
@@ -107,6 +137,7 @@ class UsageLedger:
                 batch, self._pending = _with_uids(self._pending[:BATCH]), self._pending[BATCH:]
                 try:
                     await asyncio.to_thread(self._write, batch)
+                    self._confirm(batch)
                 except Exception as exc:  # noqa: BLE001 - sorted below: away, or about the rows
                     if _database_away(exc):  # keep the records and try again later
                         log.warning("writing %d usage records failed; will retry: %s", len(batch), exc)
@@ -117,78 +148,108 @@ class UsageLedger:
                     # IntegrityError, sqlite3's OverflowError for a number past 64 bits): write
                     # row by row, so one bad row never blocks every other record behind it.
                     unwritten = await asyncio.to_thread(self._write_one_by_one, batch)
+                    self._confirm(batch[:len(batch) - len(unwritten)])  # written, or never storable
                     if unwritten:  # the database went away in the middle: those wait for the next try
                         self._pending[:0] = unwritten
                         self._write_failed()
                         return
+
+            if self._unrecorded:
+                await asyncio.to_thread(self._record_drops)
+
+    def _confirm(self, rows: list[tuple[Any, ...]]) -> None:
+        """These rows are in the database: the spool need not keep them."""
+        if self.journal is not None and (self._journaling or self.journal.pending_records()):
+            self.journal.confirm(rows)
+
+    def _record_drops(self) -> None:
+        """The drops counted since the last time, as an audit entry (the database is there: a batch
+        was just written): ``usage.records_dropped``, the records per reason in its details."""
+        dropped, self._unrecorded = self._unrecorded, {}
+        try:
+            with self._database.session() as session:
+                audit.record(session, actor="arbiter", action="usage.records_dropped", target=f"pid {os.getpid()}",
+                             details={"records": sum(dropped.values()), "reasons": dropped})
+        except Exception as exc:  # noqa: BLE001 - tried again after the next batch
+            for reason, count in dropped.items():
+                self._unrecorded[reason] = self._unrecorded.get(reason, 0) + count
+            log.warning("the count of dropped usage records cannot be written to the audit log yet: %s", exc)
 
     def _write_failed(self) -> None:
         if self._on_write_error is not None:
             self._on_write_error()
 
     async def close(self, retry_for: float = SHUTDOWN_RETRY) -> None:
-        """The shutdown's flush: retry a database that is away for ``retry_for`` seconds, then keep
-        what is left in a spool file the next start writes (``load_spool``). Counted as dropped
-        only when even that fails."""
+        """The shutdown's flush: retry a database that is away for ``retry_for`` seconds; what is
+        left stays in the spool (journaled, or written now), which the next start writes
+        (``load_spool``). Counted as dropped only what the spool cannot take (no directory, or a
+        full disk: what fits is kept)."""
         deadline = time.monotonic() + retry_for
         await self.flush()
         while self._pending and time.monotonic() < deadline:
             await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
             await self.flush()
+        journal = self.journal
         if not self._pending:
+            if journal is not None:
+                await asyncio.to_thread(journal.close)
             return
         async with self._lock:
             rows, self._pending = _with_uids(self._pending), []
+            if journal is None:
+                log.error("the database is away at shutdown and there is no usage spool: %d usage records "
+                          "are lost", len(rows))
+                self._drop(len(rows), "lost at shutdown")
+                return
             try:
-                path = await asyncio.to_thread(self._spool, rows)
+                if not self._journaling:  # only now: what is not in a claimed file already
+                    await asyncio.to_thread(journal.open)
+                    for row in rows:
+                        if not journal.holds(row[-1]):
+                            journal.append(row)
+                lost = await asyncio.to_thread(journal.close)
             except Exception as exc:  # noqa: BLE001 - reported and counted: nothing else can be done
                 log.error("the database is away at shutdown and the usage spool could not be written "
                           "(%s): %d usage records are lost", exc, len(rows))
                 self._drop(len(rows), "lost at shutdown")
                 return
-        log.error("the database is away at shutdown: %d usage records kept in %s, written at the next start",
-                  len(rows), path)
+        if lost:
+            self._drop(lost, "lost at shutdown: the usage spool is full")
+        log.error("the database is away at shutdown: %d usage records kept in the spool in %s, written at the "
+                  "next start%s", len(rows) - lost, journal.directory,
+                  f"; {lost} lost (the spool is full)" if lost else "")
 
-    def _spool(self, rows: list[tuple[Any, ...]]) -> Path:
-        if self._spool_dir is None:
-            raise OSError("no spool directory")
-        self._spool_dir.mkdir(parents=True, exist_ok=True)
-        path = self._spool_dir / f"arbiter-usage-spool-{os.getpid()}-{os.urandom(4).hex()}.jsonl"
-        part = path.with_suffix(".part")
-        with part.open("w", encoding="utf-8") as out:
-            for row in rows:
-                at = row[0]
-                out.write(json.dumps([at.isoformat() if isinstance(at, dt.datetime) else at, *row[1:]]) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        part.replace(path)  # whole, or not there
-        return path
+    async def open(self) -> None:
+        """Start the journal (with a spool directory and ARBITER_USAGE_DURABLE): its lock, its writer."""
+        if self._journaling:
+            assert self.journal is not None
+            await asyncio.to_thread(self.journal.open)
+            self.journal.start()
 
     def load_spool(self) -> int:
-        """Put the records a shutdown left in spool files back in the buffer (they keep their uids:
-        written twice, they are stored once). A file is claimed by renaming it, so two replicas
-        starting together never both take it. Answers how many records were loaded."""
-        if self._spool_dir is None or not self._spool_dir.is_dir():
+        """Put the records that processes no longer running left in the spool back in the buffer
+        (they keep their uids: written twice, they are stored once). A file is claimed by renaming
+        it, so two replicas never both take it, and kept until its records are in the database.
+        Answers how many records were loaded."""
+        if self.journal is None:
             return 0
+        found = self.journal.recover()
         loaded: list[tuple[Any, ...]] = []
-        for path in sorted(self._spool_dir.glob(SPOOL_GLOB)):
-            claimed = path.with_name(f"{path.name}.{os.getpid()}-{os.urandom(4).hex()}.loading")
+        for values in found.rows:
             try:
-                path.rename(claimed)
-            except OSError:  # another replica took it
-                continue
-            try:
-                with claimed.open(encoding="utf-8") as spool:
-                    for line in spool:
-                        if line.strip():
-                            loaded.append(self._from_spool(json.loads(line)))
-            except (OSError, ValueError, TypeError) as exc:
-                log.error("usage spool %s cannot be read (%s): left as %s", path, exc, claimed.name)
-                continue
-            claimed.unlink()
+                loaded.append(self._from_spool(values))
+            except (ValueError, TypeError) as exc:
+                log.error("a spooled usage record cannot be read (%s): left out", exc)
+                self.journal.forget(values[-1])
+                found.unreadable += 1
+        if found.unreadable:
+            self._drop(found.unreadable, "unreadable in the usage spool")
         if loaded:
             self._pending[:0] = loaded
-            log.warning("loaded %d usage records a shutdown had kept in the spool", len(loaded))
+            log.warning("loaded %d usage records from %d spool file(s) of processes no longer running",
+                        len(loaded), found.files)
+        if found.files:
+            self.journal.start()  # to remove each file once its records are in the database
         return len(loaded)
 
     def _from_spool(self, values: list[Any]) -> tuple[Any, ...]:

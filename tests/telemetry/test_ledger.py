@@ -144,13 +144,14 @@ def test_a_shutdown_with_the_database_away_keeps_the_records_for_the_next_start(
     monkeypatch.setattr(ledger, "_write", away)
     asyncio.run(ledger.close(retry_for=0.2))
     assert (ledger.pending, ledger.dropped, rows(db)) == (0, 0, 0)
-    assert len(list(tmp_path.glob("arbiter-usage-spool-*.jsonl"))) == 1
+    assert len(list(tmp_path.glob("arbiter-usage-spool-*.journal"))) == 1
 
     again = UsageLedger(db, spool_dir=tmp_path)  # the next start
     assert again.load_spool() == 10
-    assert list(tmp_path.iterdir()) == []
+    assert again.load_spool() == 0  # claimed: kept until written, never loaded twice
     asyncio.run(again.flush())
-    assert again.load_spool() == 0 and rows(db) == 10
+    asyncio.run(again.close())
+    assert rows(db) == 10 and list(tmp_path.iterdir()) == []
     with db.session() as session:
         written = list(session.scalars(select(UsageRecord).order_by(UsageRecord.id)))
     assert [r.request_id for r in written] == [f"r{i}" for i in range(10)]

@@ -42,8 +42,9 @@ def test_failed_writes_are_counted_while_the_records_wait(stack: Stack, monkeypa
 
 def test_records_found_at_start_in_a_spool_that_cannot_be_read_are_shown(
         stack: Stack, gateway_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A spool file the start could not read stays (as ``*.loading``) with its records: the gauge
-    says how many wait there, so an alert fires; a readable one is loaded and written as usual."""
+    """The lines of a spool file a start cannot read are counted as dropped (the metric, and the
+    audit log once the database takes a batch) and the file goes: it must not fill the volume; a
+    readable one is loaded and written as usual."""
     readable = UsageLedger(stack.db, spool_dir=tmp_path)
     for i in range(4):
         readable.add(record(i))
@@ -51,9 +52,11 @@ def test_records_found_at_start_in_a_spool_that_cannot_be_read_are_shown(
     asyncio.run(readable.close(retry_for=0.0))  # what a shutdown with the database away leaves
     (tmp_path / "arbiter-usage-spool-1-torn.jsonl").write_text('["2026-12-01T10:00:00+00:00", "a"]\nnot json\n\n{"x"\n')
     gateway = gateway_factory(usage_spool_dir=str(tmp_path))
-    assert usage_metrics(stack, gateway)[1] == 3.0  # the torn file's three records
     wait_for(lambda: rows(stack.db) == 4)  # the readable one's, written
-    assert [p.name.endswith(".loading") for p in tmp_path.iterdir()] == [True]
+    with gateway.client(stack.admin_key) as admin:
+        found = samples(admin.get("/metrics").text)
+    assert found[("arbiter_usage_records_dropped_total", ())] == 3.0  # the torn file's three lines
+    wait_for(lambda: [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == [])
 
 
 def test_the_watch_counts_what_a_shutdown_kept_and_what_no_start_took_yet(
@@ -68,18 +71,19 @@ def test_the_watch_counts_what_a_shutdown_kept_and_what_no_start_took_yet(
     assert len(errors) >= 2  # the first try and at least one retry, each a failed batch write
     watch = SpoolWatch(tmp_path)
     assert watch.look() == 6
-    (tmp_path / "arbiter-usage-spool-9-half.jsonl.part").write_text("[1]\n")  # still being written
+    (tmp_path / "arbiter-usage-spool-9-half.part").write_text("[1]\n[2")  # an older release's, cut short
     (tmp_path / "notes.jsonl").write_text("[1]\n[2]\n")  # not a spool file
-    assert watch.look() == 6
-    (spooled,) = tmp_path.glob("arbiter-usage-spool-*.jsonl")
+    assert watch.look() == 7  # its whole line
+    (spooled,) = tmp_path.glob("arbiter-usage-spool-*.journal")
     with spooled.open("a") as more:
         more.write("[1]\n\n")  # changed: counted again
-    assert watch.look() == 7
-    # The extra line is no record: the start loads the six before it and leaves the file as
-    # *.loading, with all seven lines, for an operator to look at. They wait there still.
+    assert watch.look() == 8
+    assert watch.bytes == sum(p.stat().st_size for p in tmp_path.glob("arbiter-usage-spool-*"))
+    # The extra line is no record: the start loads the six before it (the .part is too young to
+    # be taken: an older release may be writing it).
     assert UsageLedger(stack.db, spool_dir=tmp_path).load_spool() == 6
-    assert sorted(p.suffix for p in tmp_path.glob("arbiter-usage-spool-*")) == [".loading", ".part"]
-    assert watch.look() == 7
+    assert sorted(p.suffix for p in tmp_path.glob("arbiter-usage-spool-*")) == [".loading", ".lock", ".part"]
+    assert watch.look() == 8  # the claimed file's seven lines wait until written; the .part's one
     for left in tmp_path.glob("arbiter-usage-spool-*"):
         left.unlink()
     assert watch.look() == 0 and SpoolWatch(tmp_path / "missing").look() == 0 and SpoolWatch(None).look() == 0

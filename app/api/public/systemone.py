@@ -107,15 +107,20 @@ class SystemOneRoute:
         if self.tracing.on:  # before the answer goes out: the server span ends with it
             annotate(current_span(), input_tokens=record.input_tokens, output_tokens=record.output_tokens,
                      state=self.tracing.state_text(body), error_type=record.error_type)
+        durable = self.observer.durable  # ARBITER_USAGE_DURABLE=always: the record on disk before the answer
         try:
+            if durable:
+                record.seconds = time.perf_counter() - started
+                await self.observer.commit(record, self.logged(body))
             if error is not None:
                 await self.send_error(send, error)
             else:
                 await self.reply(send, outcome)
         finally:
-            record.seconds = time.perf_counter() - started
             self.touches.touch(principal.key_id)
-            self.observer.finish(record, self.logged(body))
+            if not durable:
+                record.seconds = time.perf_counter() - started
+                self.observer.finish(record, self.logged(body))
 
     async def send_error(self, send: Send, error: ArbiterError, *, close: bool = False) -> None:
         await asgi.send_error(send, error, close=close)
