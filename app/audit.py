@@ -63,20 +63,22 @@ def record(session: Session, *, actor: str, action: str, target: str,
     session.add(AuditEntry(**_entry(actor, action, target, request_id, details)))
 
 
-def fold_key(actor: str, action: str, target: str, at: dt.datetime) -> str:
-    """What the refusals folded into one entry share: actor, action, target and the UTC minute."""
+def fold_key(actor: str, action: str, at: dt.datetime) -> str:
+    """What the refusals folded into one entry share: actor, action and the UTC minute. Not the
+    target: a key cycling through every route it may not use still makes one entry a minute."""
     minute = at.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M")
-    return hashlib.sha256(f"{actor}\n{action}\n{target}\n{minute}".encode()).hexdigest()
+    return hashlib.sha256(f"{actor}\n{action}\n{minute}".encode()).hexdigest()
 
 
 def fold(session: Session, *, actor: str, action: str, target: str, request_id: str | None = None,
          details: dict[str, Any] | None = None, at: dt.datetime | None = None) -> None:
-    """Record a repeatable event (a refusal): the first of an actor, action and target in a minute
-    adds an entry (with its request id and details), each later one adds one to that entry's
-    ``count``. One statement, atomic on either database, so replicas sharing one never write two."""
+    """Record a repeatable event (a refusal): the first of an actor and action in a minute adds an
+    entry (with its target, request id and details), each later one, whatever its target, adds one
+    to that entry's ``count``. One statement, atomic on either database, so replicas sharing one
+    never write two."""
     values = _entry(actor, action, target, request_id, details)
     now = at or utcnow()
-    values.update(at=now, count=1, fold_key=fold_key(values["actor"], action, values["target"], now))
+    values.update(at=now, count=1, fold_key=fold_key(values["actor"], action, now))
     grow: dict[str, Any] = {"index_elements": [AuditEntry.fold_key], "set_": {"count": AuditEntry.count + 1}}
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":

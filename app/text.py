@@ -36,5 +36,6 @@ def path_name_problem(name: str) -> str | None:
 def ascii_digits(value: str) -> bool:
     """Whether ``value`` is one or more ASCII digits, as an id, a page or a count typed in a URL
     must be. ``str.isdigit()`` also takes "²" and other digits that ``int()`` cannot read (a 500
-    where a 400 or 404 belongs), and ``int()`` reads "٣" and " 3": neither is a number here."""
-    return value.isascii() and value.isdigit()
+    where a 400 or 404 belongs), and ``int()`` reads "٣" and " 3": neither is a number here. At
+    most 18 digits: every id and count here fits, and ``int()`` refuses strings of over 4,300."""
+    return len(value) <= 18 and value.isascii() and value.isdigit()

@@ -26,6 +26,7 @@ from typing import Any
 import ahocorasick_rs
 
 from app.decisions.multipart import Part, invalid
+from app.decisions.schema import MAX_MEDIA_ITEMS
 from app.errors import ValidationFailed
 
 ASSETS = "assets"
@@ -109,6 +110,9 @@ def plan(body: Any, files: dict[str, Part]) -> Plan | None:
     present = body.get("images") or []
     if not isinstance(present, list):
         raise invalid("must be a list of base64 strings or data: URLs", "list_type", ("images",))
+    if len(present) + len(assets) > MAX_MEDIA_ITEMS:
+        raise invalid(f"with its {len(assets)} assets holds {len(present) + len(assets)} images; at most "
+                      f"{MAX_MEDIA_ITEMS} are accepted", "too_long", ("images",))
     claimed: set[str] = set()
     markers: dict[str, str] = {}
     sources: list[Part | str] = []

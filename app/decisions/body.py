@@ -17,7 +17,6 @@ import zstandard
 from app.decisions import zstdframes
 from app.decisions.budget import FREE_BYTES, Reservation
 from app.errors import InvalidRequest, TooLarge, UnsupportedEncoding
-from app.text import ascii_digits
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 ENCODINGS = ("identity", "gzip", "zstd")
@@ -41,8 +40,10 @@ def check_length(header: str | None, cap: int) -> None:
     """Refuse a declared Content-Length over the cap before reading anything."""
     if header is None:
         return
-    if not ascii_digits(header):
+    if not header.isascii() or not header.isdigit():
         raise InvalidRequest("Content-Length is not a number")
+    if len(header) > 18:  # over an exabyte (and int() refuses over 4,300 digits)
+        raise TooLarge(f"the body is over the {cap}-byte limit")
     length = int(header)
     if length > cap:
         raise TooLarge(f"the body is {length} bytes, over the {cap}-byte limit")
@@ -53,6 +54,8 @@ def _too_large(cap: int) -> TooLarge:
 
 
 STEP = 1 << 20  # decoded at most this much at a time, then the event loop runs (~1 ms of zstd)
+MAX_GZIP_MEMBERS = 1024  # a client gzips a body as one member; each more costs a decompressor
+GZIP_SLICE = 1 << 16  # compressed bytes fed to zlib at a time
 
 
 class _Decoded:
@@ -82,8 +85,16 @@ class _Gzip:
         self._decoded = decoded
         self._d = zlib.decompressobj(31)
         self._in_member = False  # the current member has had input
+        self._members = 0  # members ended
 
     async def feed(self, data: bytes) -> None:
+        # In slices: zlib copies what a member leaves unused (``unused_data``), so a slice bounds
+        # each copy (whole, 32 MiB of tiny members would be copied once per member).
+        view = memoryview(data)
+        for start in range(0, len(view), GZIP_SLICE):
+            await self._feed(view[start:start + GZIP_SLICE])
+
+    async def _feed(self, data: bytes | memoryview) -> None:
         decoded = self._decoded
         while data:
             self._in_member = True
@@ -95,6 +106,10 @@ class _Gzip:
             await decoded.add(chunk)
             if self._d.eof:
                 data = self._d.unused_data
+                self._members += 1
+                if self._members >= MAX_GZIP_MEMBERS and data:
+                    raise InvalidRequest(f"the gzip body has more than {MAX_GZIP_MEMBERS} members; "
+                                         "send one")
                 self._d = zlib.decompressobj(31)
                 self._in_member = False
             else:
@@ -114,8 +129,13 @@ async def _zstd(compressed: bytes, decoded: _Decoded) -> bytearray:
     # Every frame whole first (zstdframes.py: headers only, nothing decoded): stream_reader returns
     # a prefix of a truncated frame without complaint. Then stream_reader().read(n), a step at a
     # time: a frame's declared size cannot be trusted.
-    if not zstdframes.whole(compressed):
-        raise InvalidRequest("the zstd body is truncated or is not zstd")
+    for verdict in zstdframes.walk(compressed, zstdframes.max_blocks(decoded.cap)):
+        if verdict is None:
+            await asyncio.sleep(0)  # a body of many blocks: let the loop run between steps
+        elif not verdict:
+            raise InvalidRequest(f"the zstd body is truncated, is not zstd, or has more than "
+                                 f"{zstdframes.MAX_FRAMES} frames or a block for less than each KiB it "
+                                 "may decode to; send one frame")
     reader = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(compressed), read_across_frames=True)
     try:
         while True:

@@ -117,9 +117,9 @@ class Forwarder:
             replicas = [r for r in replicas if r.service_id == only]
             if not replicas:
                 raise NotFound(f"model '{model}' is not served by that service")
-        if not admitted:
+        if not admitted and principal.limited:
             await self.admit(principal)
-        tokens = limits_of(principal)[1]
+        tokens = limits_of(principal)[1] if principal.limited else None
         options = CallOptions(timeout=0.0, max_reply_bytes=self._settings.max_response_bytes,
                               headers=headers, tenant_salt=self._salts.of_caller(principal),
                               mesh_hops=principal.mesh_hops)

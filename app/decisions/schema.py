@@ -19,6 +19,9 @@ MAX_QUESTIONS = 64
 MAX_CHOICE_OPTIONS = 255
 SCORE_LEVELS = (2, 10)
 MEDIA_FIELDS = {"images": "vision", "audio": "audio", "videos": "video"}
+# Items of one media field: a bound on what is checked on the loop and wrapped per item by an
+# adapter (vLLM's data: URLs); a prompt takes a handful of images, never thousands.
+MAX_MEDIA_ITEMS = 64
 QUESTION_TYPES = ("choice", "noul", "score")
 
 
@@ -144,6 +147,10 @@ def _check_media(body: dict[str, Any], problems: list[dict[str, Any]]) -> tuple[
             continue
         if not isinstance(items, list):
             problems.append(problem((field,), "must be a list of base64 strings or data: URLs", "list_type"))
+            continue
+        if len(items) > MAX_MEDIA_ITEMS:
+            problems.append(problem((field,), f"has {len(items)} items; at most {MAX_MEDIA_ITEMS} are accepted",
+                                    "too_long"))
             continue
         for index, item in enumerate(items):
             kind = media_kind(item) if isinstance(item, str) and item else None

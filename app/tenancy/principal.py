@@ -31,6 +31,12 @@ class Principal:
     role: str | None = None
     admin_projects: frozenset[str] = frozenset()
 
+    @property
+    def limited(self) -> bool:
+        """Whether any rate limit applies (app/tenancy/limits.py ``limits_of``): the hot path skips
+        the limiter for a principal with none."""
+        return bool(self.project_rpm or self.project_tpm or self.key_rpm or self.key_tpm)
+
     def usable(self, now: dt.datetime) -> bool:
         if self.revoked_at is not None and self.revoked_at <= now:
             return False

@@ -49,13 +49,16 @@ REFUSE_BUT_COUNT = """
 def upgrade() -> None:
     # Two columns the previous release never names: its inserts take the count's default (1) and
     # no fold key, and it never updates, so it keeps running beside this one.
-    with op.batch_alter_table('audit_log', schema=None) as batch_op:
-        batch_op.add_column(sa.Column('count', sa.Integer(), server_default='1', nullable=False))
-        batch_op.add_column(sa.Column('fold_key', sa.String(length=64), nullable=True))
     if op.get_bind().dialect.name != 'postgresql':
         with op.batch_alter_table('audit_log', schema=None) as batch_op:
+            batch_op.add_column(sa.Column('count', sa.Integer(), server_default='1', nullable=False))
+            batch_op.add_column(sa.Column('fold_key', sa.String(length=64), nullable=True))
             batch_op.create_index(INDEX, ['fold_key'], unique=True)
         return
+    # The columns are committed before the index is built outside a transaction (as 0008): a re-run
+    # after a failed build finds them there. A constant default adds no rewrite of the table.
+    op.execute('ALTER TABLE audit_log ADD COLUMN IF NOT EXISTS count INTEGER NOT NULL DEFAULT 1')
+    op.execute('ALTER TABLE audit_log ADD COLUMN IF NOT EXISTS fold_key VARCHAR(64)')
     concurrent_index.create(INDEX, 'audit_log', ['fold_key'], unique=True)  # the log can be large
     # INSERT ... ON CONFLICT DO UPDATE fires the statement-level UPDATE trigger of 0010 even when
     # it updates nothing: UPDATE is checked row by row from here, DELETE stays refused outright.
@@ -63,6 +66,7 @@ def upgrade() -> None:
     op.execute(f"DROP TRIGGER IF EXISTS {GUARD_TRIGGER} ON audit_log")
     op.execute(f"CREATE TRIGGER {GUARD_TRIGGER} BEFORE DELETE ON audit_log "
                f"FOR EACH STATEMENT EXECUTE FUNCTION {GUARD_FUNCTION}()")
+    op.execute(f"DROP TRIGGER IF EXISTS {COUNT_TRIGGER} ON audit_log")
     op.execute(f"CREATE TRIGGER {COUNT_TRIGGER} BEFORE UPDATE ON audit_log "
                f"FOR EACH ROW EXECUTE FUNCTION {GUARD_FUNCTION}()")
 

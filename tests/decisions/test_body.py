@@ -461,3 +461,11 @@ def test_what_a_body_grows_to_is_reserved_from_the_budget(encoding: str) -> None
     small = read([zstd(JSON) if encoding == "zstd" else gzip.compress(JSON)], encoding, 1024,
                  grow=budget.reservation())
     assert small == JSON  # the hot path's bodies take none of it
+
+
+def test_a_gzip_body_of_many_members_is_refused_without_copying_it_per_member() -> None:
+    members = gzip.compress(b"") * 1_000_000  # 20 MB of empty members: one decompressor each
+    with pytest.raises(InvalidRequest) as refused:
+        read([members], "gzip", 32 * MiB)
+    assert "more than 1024 members" in refused.value.message
+    assert read([gzip.compress(JSON[:40]) + gzip.compress(JSON[40:])], "gzip", 1024) == JSON  # a few are fine

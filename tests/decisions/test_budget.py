@@ -35,3 +35,17 @@ def test_a_request_alone_is_never_refused_for_its_size() -> None:
         budget.reservation().take(1)
     alone.release()
     assert budget.used == 0
+
+
+def test_no_project_holds_more_than_half_while_others_hold_any() -> None:
+    budget = DecodeBudget(100)
+    greedy, other = budget.reservation(1), budget.reservation(2)
+    first = budget.reservation(1)
+    first.take(30)
+    greedy.take(20)  # project 1: 50 of 100
+    with pytest.raises(BackendFailed) as refused:
+        greedy.take(1)
+    assert "for one project" in refused.value.message
+    other.take(50)  # another project still finds its half
+    first.give_back(30)
+    assert budget.held_by(1) == 20 and budget.used == 70 and first.held == 0

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from app.decisions.schema import MEDIA_FIELDS, DecisionRequest, validate
+from app.decisions.schema import MAX_MEDIA_ITEMS, MEDIA_FIELDS, DecisionRequest, validate
 from app.errors import ValidationFailed
 from app.jsonbody import dumps, loads
 from infra_adapters.media import MEDIA_FIELDS as ADAPTER_MEDIA_FIELDS
@@ -378,3 +378,14 @@ def test_remote_urls_are_recognised_whatever_their_case() -> None:
     body = {"model": "m", "state": None, "questions": {"q": {"type": "noul"}},
             "images": ["HTTPS://example.com/a.png", "Data:image/png;base64,AAAA"]}
     assert validate(body).remote_media is True
+
+
+def test_a_media_field_holds_at_most_64_items() -> None:
+    """Each item is checked (and, for vLLM, wrapped in a data: URL): millions of tiny ones cost seconds
+    and hundreds of MB from a body of a few KB of zstd (issue #30's review)."""
+    assert validate(decision(images=[PNG] * MAX_MEDIA_ITEMS)).media == ("images",)
+    with pytest.raises(ValidationFailed) as refused:
+        validate(decision(images=["A"] * 8_000_000, audio=["UklGRg=="] * (MAX_MEDIA_ITEMS + 1)))
+    problems = {tuple(p["loc"]): p["msg"] for p in refused.value.problems}
+    assert problems == {("body", "images"): "has 8000000 items; at most 64 are accepted",
+                        ("body", "audio"): "has 65 items; at most 64 are accepted"}

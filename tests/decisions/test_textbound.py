@@ -177,3 +177,13 @@ def test_the_plain_count_gives_up_where_media_could_be() -> None:
     assert textbound.plain_floor(escaped, over=1 << 40) is None
     plain = b'{"model":"clef","state":[' + state + b"]}"
     assert textbound.plain_floor(plain, over=1 << 40) == floor(plain)
+
+
+def test_a_media_list_of_millions_of_items_counts_as_text_undecoded() -> None:
+    """A list of more items than a media field takes is no media list: its bytes count as text (the
+    body is then refused on its floor), never decoded into millions of strings to find out."""
+    body = b'{"model":"nimble","state":"s","images":[' + b",".join([b'"A"'] * 1_000_000) + b"]}"
+    probed = textbound.probe(body)
+    assert probed.media_bytes == 0 and probed.can_exceed(65536)
+    few = b'{"model":"nimble","state":"s","images":["data:image/png;base64,AAAA","QUJD"]}'
+    assert textbound.probe(few).media_bytes > 0

@@ -7,7 +7,7 @@ import os
 import pytest
 import zstandard
 
-from app.decisions.zstdframes import whole
+from app.decisions.zstdframes import max_blocks, whole
 
 
 def _streamed(data: bytes) -> bytes:
@@ -46,3 +46,12 @@ def test_an_empty_body_is_whole_and_garbage_is_not() -> None:
     assert not whole(b"this is not zstd")
     assert not whole(b"\x28\xb5\x2f\xfd\xff")
     assert not whole(FRAMES["zeros"][0] + b"\x00")  # trailing bytes that are no frame
+
+
+def test_bodies_built_to_burn_cpu_are_refused_by_their_headers() -> None:
+    skippable = ((0x184D2A50).to_bytes(4, "little") + bytes(4)) * 100_000  # 800 KB of empty frames
+    assert not whole(skippable)
+    empty_blocks = ((0xFD2FB528).to_bytes(4, "little") + bytes([0x20]) + b"\x00"
+                    + bytes(3) * 1_000_000 + (1).to_bytes(3, "little"))  # a million empty raw blocks
+    assert not whole(empty_blocks, max_blocks(32 * 1024 * 1024))
+    assert whole(_compressed(bytes(32 * 1024 * 1024)), max_blocks(32 * 1024 * 1024))  # 256 RLE blocks

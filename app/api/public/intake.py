@@ -35,6 +35,15 @@ class Intake:
     forward_headers: dict[str, str]  # what goes on to the backend: trace context, request id
     form_type: str | None = None  # a multipart body's Content-Type (decisions/multipart.py)
     grown: Reservation | None = None  # what the body grew to, reserved from the decode budget
+    decoded: int = 0  # how much of ``grown`` is the decoded body's own
+
+    def parsed(self) -> None:
+        """The body is parsed: its bytes are let go, and what their decoding reserved given back
+        (what its images' base64 reserves since stays until the answer has gone)."""
+        self.raw = b""
+        if self.grown is not None:
+            self.grown.give_back(self.decoded)
+            self.decoded = 0
 
     def done(self) -> None:
         """Give back the decode budget this request took (once its answer has gone)."""
@@ -59,8 +68,9 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
     digest). Hop headers a tenant sends are never read: only the signed credential says how many
     hops a request took.
 
-    Cheap before costly (issue #30): an archived project (403) and a spent rate limit (``admit``:
-    429) are refused on the head, before a byte of the body is read or decoded; a compressed body's
+    Cheap before costly (issue #30): after the length and encoding (413, 415: SPEC §1's order),
+    an archived project (403) and a spent rate limit (``admit``, called only for a principal with
+    limits: 429) are refused on the head, before a byte of the body is read or decoded; a compressed body's
     growth is reserved from ``budget`` as it is decoded (503 when other bodies hold it)."""
     headers = header_map(scope, _HEADERS)
     authorization = headers.get("authorization")
@@ -75,16 +85,17 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
             principal = Principal.mesh_node(claim.node, claim.hops, claim.salt)
         else:
             principal = await keys.authenticate(authorization, "project")
-            if principal.archived:
-                raise PermissionDenied(f"project '{principal.project_name}' is archived")
         check_length(headers.get("content-length"), max_body)  # SPEC §1: length, then encoding
         encoding = content_encoding(headers.get("content-encoding"))
-        if admit is not None:
+        if principal.archived:
+            raise PermissionDenied(f"project '{principal.project_name}' is archived")
+        if admit is not None and principal.limited:
             await admit(principal)
     except ArbiterError as error:
         await send_error(send, error, close=True)  # the body is unread: do not parse it as a request
         return None
-    grown = budget.reservation() if budget is not None and encoding != "identity" else None
+    grown = (budget.reservation(principal.project_id) if budget is not None and encoding != "identity"
+             else None)
     try:
         raw = await read_body(receive, encoding, max_body, grown)
         if claim is not None and mesh is not None:
@@ -98,8 +109,13 @@ async def take(scope: Scope, receive: Receive, send: Send, keys: KeyCache, max_b
             grown.release()
         await send_error(send, error, close=True)
         return None
+    except BaseException:  # a cancel (the server shutting down): nothing may stay reserved
+        if grown is not None:
+            grown.release()
+        raise
     forward_headers = {name: headers[name] for name in _PROPAGATED if name in headers}
     forward_headers["X-Request-Id"] = scope["state"]["request_id"]
     content_type = headers.get("content-type")  # its first byte only, for a JSON body (~50 ns)
     multipart = content_type is not None and content_type[:1] in "mM" and is_multipart(content_type)
-    return Intake(principal, raw, forward_headers, content_type if multipart else None, grown)
+    return Intake(principal, raw, forward_headers, content_type if multipart else None, grown,
+                  0 if grown is None else grown.held)

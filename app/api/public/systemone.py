@@ -76,16 +76,19 @@ class SystemOneRoute:
         error: ArbiterError | None = None
         try:
             raw = intake.raw  # a small body is decoded here, on the loop: no extra await on the hot path
+            length = len(raw) if intake.form_type is None else _MEASURED
             if len(raw) <= OFF_LOOP_BYTES and intake.form_type is None:
                 body = jsonbody.loads(raw)
-            elif intake.form_type is None:
-                body = await self.parse_big(principal, raw, record)
             else:
-                body = await self.parse_form(intake, intake.form_type, raw, record)
+                if intake.form_type is None:
+                    body = await self.parse_big(principal, raw, record)
+                else:
+                    body = await self.parse_form(intake, intake.form_type, raw, record)
+                del raw  # the body is parsed: its bytes (up to 32 MiB decoded) need not wait for the answer
+                intake.parsed()
             request = self.prepare(body, record)
-            outcome = await self.forwarder.decide(principal, body, request,
-                                                  len(raw) if intake.form_type is None else _MEASURED,
-                                                  intake.forward_headers, admitted=True)
+            outcome = await self.forwarder.decide(principal, body, request, length, intake.forward_headers,
+                                                  admitted=True)
         except ArbiterError as exc:
             # Its traceback holds this frame, which holds it: a cycle that keeps the body (up to
             # 32 MiB) until a full collection, rare here (app/main.py's GC thresholds).
@@ -168,7 +171,7 @@ class SystemOneRoute:
         if planned.encoded_bytes > OFF_LOOP_BYTES:
             # Its base64, and the JSON it is forwarded in: both held until the answer has gone.
             if intake.grown is None:
-                intake.grown = self.budget.reservation()
+                intake.grown = self.budget.reservation(principal.project_id)
             intake.grown.take(2 * planned.encoded_bytes)
             await self.off_loop.run(planned.encode, body)
         else:

@@ -89,4 +89,4 @@ class StrategyBackend:
 
 
 def refusal(error: ArbiterError) -> Reply:
-    return Reply(error.status, "application/json", error.body())
+    return Reply(error.status, "application/json", error.body(), retry_after=error.headers.get("Retry-After"))

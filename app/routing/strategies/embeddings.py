@@ -42,14 +42,14 @@ import operator
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, RateLimited
 from app.routing.strategies import answer_warnings, labels
 from app.routing.strategies.partitioned import PartitionedLru
 from infra_adapters.embedders import Embedded, Role
+from infra_adapters.in_process import FairQueue, QueueFull
 
 # Calibrated on bench/data/tickets.jsonl with multilingual-e5-small (docs/labels.md): the
 # temperature that minimises the mean negative log-likelihood of the right team (0.179; mean
@@ -67,8 +67,11 @@ MAX_PASSAGE_CHARS = 128 * 1024
 # pure Python at 65,536 multiplications on the 2-core VM of docs/labels.md).
 OFF_LOOP_WORK = 65_536
 # One thread for all models' similarities: a bounded worker, so many large requests queue there
-# rather than each taking a thread of the default pool (and a share of the loop's interpreter).
-SIMILARITY_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arbiter-similarity")
+# rather than each taking a thread of the default pool (and a share of the loop's interpreter);
+# its queue is served in turn across projects, as an in-process model's is, so one project's
+# backlog delays another's work by at most the one running.
+SIMILARITY_QUEUED_PER_PROJECT = 64
+SIMILARITY_THREAD = FairQueue(SIMILARITY_QUEUED_PER_PROJECT, "arbiter-similarity")
 PAUSE_EVERY = 32  # passages between two hand-backs of the interpreter on that thread (~0.3 ms at 384)
 PAUSE = 0.0001  # seconds: a real sleep, so that the loop takes the interpreter (sleep(0) lets it be retaken)
 NEGATION = "not: "
@@ -201,12 +204,20 @@ def similarities(pairs: Sequence[tuple[Row, Sequence[Row]]], pause: bool = False
     return found
 
 
-async def similarities_off_loop(pairs: Sequence[tuple[Row, Sequence[Row]]]) -> list[list[float]]:
-    """``similarities``, on ``SIMILARITY_THREAD`` when the work is past ``OFF_LOOP_WORK``."""
+async def similarities_off_loop(pairs: Sequence[tuple[Row, Sequence[Row]]],
+                                partition: str | None = None) -> list[list[float]]:
+    """``similarities``, on ``SIMILARITY_THREAD`` in ``partition``'s (the project's) turn when the
+    work is past ``OFF_LOOP_WORK``; a project with SIMILARITY_QUEUED_PER_PROJECT waiting gets 429."""
     work = sum(len(rows) * len(query.vector) for query, rows in pairs)
     if work <= OFF_LOOP_WORK:
         return similarities(pairs)
-    return await asyncio.get_running_loop().run_in_executor(SIMILARITY_THREAD, similarities, pairs, True)
+    try:
+        future = SIMILARITY_THREAD.submit(partition, similarities, pairs, True)
+    except QueueFull:
+        raise RateLimited(f"this project has {SIMILARITY_QUEUED_PER_PROJECT} embedding comparisons waiting "
+                          "already; retry after a second, or send fewer requests at once",
+                          headers={"Retry-After": "1"}) from None
+    return await asyncio.wrap_future(future)
 
 
 def check_work(plans: Sequence[tuple[str, Mapping[str, Any], Sequence[str]]]) -> None:
@@ -268,7 +279,7 @@ async def decide(body: Mapping[str, Any], embedder: Embedder, cache: PassageCach
     for (_, _, texts), query in zip(plans, queries):
         pairs.append((by_query[query], every[start:start + len(texts)]))
         start += len(texts)
-    found = await similarities_off_loop(pairs)
+    found = await similarities_off_loop(pairs, partition)
     answers: dict[str, Any] = {}
     diagnostics: dict[str, Any] = {}
     tokens = sum(embedded.tokens)

@@ -70,6 +70,8 @@ def test_an_archived_project_is_403_before_the_body_is_read(stack: Stack, work: 
     assert "archived" in assert_error(refused, 403, "permission_error")["error"]
     assert refused.headers["connection"] == "close"
     assert work == []
+    # SPEC §1's order holds among the head's checks: the encoding (415) before the archive (403).
+    assert_error(post(stack, image_form(), **{"Content-Encoding": "br"}), 415)
 
 
 def test_a_forbidden_or_unknown_model_is_refused_before_any_image_work(stack: Stack, work: list[str]) -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
-from app.errors import InvalidRequest
+from app.errors import InvalidRequest, RateLimited
 from app.routing.strategies import embeddings
 from app.routing.strategies.embedding_backend import EmbeddingBackend
 from infra_adapters.base import CallOptions
@@ -164,6 +165,45 @@ def test_large_similarity_work_runs_off_the_event_loop(monkeypatch: pytest.Monke
     assert answer["diagnostics"]["q"]["similarities"] == pytest.approx(
         [embeddings.cosine(embedding_vector("s", 384), embedding_vector(f"option {i}: what option {i} is about", 384))
          for i in range(255)])
+
+
+def test_similarity_work_takes_turns_across_projects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One project's backlog on the similarity thread never stands in front of another's: the
+    queue is served in turn per project, and a project past its bound is told to slow down."""
+    queue = embeddings.FairQueue(2, "test-similarity")
+    monkeypatch.setattr(embeddings, "SIMILARITY_THREAD", queue)
+    monkeypatch.setattr(embeddings, "SIMILARITY_QUEUED_PER_PROJECT", 2)
+    gate = threading.Event()
+
+    row = embeddings.rows_of(Embedded([embedding_vector("s", 384)], [1]))[0]
+    big = [(row, [row] * 200)]  # past OFF_LOOP_WORK: it goes to the thread
+
+    def blocking(pairs: Any, pause: bool = False) -> list[list[float]]:
+        gate.wait(5)
+        return [[0.0] * len(rows) for _, rows in pairs]
+
+    monkeypatch.setattr(embeddings, "similarities", blocking)
+
+    async def run() -> list[str]:
+        done: list[str] = []
+
+        async def one(project: str) -> None:
+            await embeddings.similarities_off_loop(big, project)
+            done.append(project)
+
+        tasks = [asyncio.create_task(one("a")) for _ in range(3)]  # one runs, two wait: a's bound
+        await asyncio.sleep(0.05)
+        with pytest.raises(RateLimited) as refused:
+            await embeddings.similarities_off_loop(big, "a")
+        assert refused.value.status == 429 and refused.value.headers["Retry-After"] == "1"
+        tasks.append(asyncio.create_task(one("b")))  # b's one call: next after a's running one
+        await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.gather(*tasks)
+        return done
+
+    assert asyncio.run(run()) == ["a", "b", "a", "a"]
+    queue.close()
 
 
 def test_a_text_cut_to_the_models_window_is_said_in_the_diagnostics() -> None:
