@@ -31,13 +31,14 @@ from app.telemetry.spool_watch import SpoolWatch
 from app.telemetry.tracing import Tracing, provider_from_environment
 from app.telemetry.usage import UsageLedger
 from app.tenancy import service as tenancy
-from app.tenancy.keycache import KeyCache
+from app.tenancy.keycache import UNREACHABLE, KeyCache
 from app.tenancy.limits import LocalStore, RateLimiter, RedisStore
 from app.tenancy.throttle import FailureThrottle, LocalFailures, RedisFailures
 from app.tenancy.touches import KeyTouches
 from infra_adapters.admin import AdminClient
 
 TASKS_STOP_TIMEOUT = 5.0  # seconds for the background tasks to end once cancelled
+START_RETRY_MAX = 10.0  # seconds between tries at most, for a replica started while the database is away
 log = logging.getLogger("arbiter")
 T = TypeVar("T")
 
@@ -49,7 +50,8 @@ class Components:
                                state=settings.trace_state, state_max_bytes=settings.trace_state_max_bytes)
         self.database = Database(settings.database_url)
         self.hasher = key_hasher(settings)
-        self.keys = KeyCache(self.hasher, self._load_principal, settings.key_cache_ttl)
+        self.keys = KeyCache(self.hasher, self._load_principal, settings.key_cache_ttl,
+                             stale=settings.key_stale_seconds)
         self.registry = Registry(self.database, settings, read=registry_rows, labels=backend_labels)
         self.metrics = Metrics(project_label=settings.metrics_project_label)
         self.redis = _redis_client(settings)
@@ -85,6 +87,7 @@ class Components:
                                  is_known=self.registry.known, alias_target=self.registry.alias_target,
                                  traced=self.tracing.on)
         self._tasks: list[asyncio.Task[None]] = []
+        self.loaded = False  # the database was read once (migrations, models): decisions can be served
         self._metrics_server: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -98,15 +101,48 @@ class Components:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()  # for tools and tests that look inside from outside
-        await asyncio.to_thread(self.prepare_database)
         await asyncio.to_thread(self.ledger.load_spool)  # what a shutdown could not write: written soon
         await asyncio.to_thread(self.spool_watch.look)  # and what is left there (a file it could not read)
         if self.settings.metrics_port is not None:
             self._metrics_server = start_http_server(self.settings.metrics_port, self.settings.metrics_host,
                                                      registry=self.metrics.registry)
+        try:
+            await self._load()
+        except UNREACHABLE as exc:
+            # A replica starting while the database is away: it serves /healthz (and /readyz's 503,
+            # saying why) meanwhile, and starts the rest once the database answers.
+            log.error("the database cannot be reached at start-up (%s); waiting for it: /readyz answers 503 "
+                      "until it does", type(exc).__name__)
+            self._tasks = [asyncio.create_task(self._wait_for_database(), name="wait for the database")]
+            return
+        await self._run()
+
+    async def _load(self) -> None:
+        """What serving needs from the database: its migrations checked (or made), the models."""
+        await asyncio.to_thread(self.prepare_database)
         await self.registry.reload()
+        self.loaded = True
+
+    async def _wait_for_database(self) -> None:
+        """Try again, with back-off, until the process is stopped; say so now and then."""
+        delay, said, said_at = 0.5, "", 0.0
+        while not self.loaded:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, START_RETRY_MAX)
+            try:
+                await self._load()
+            except Exception as exc:  # noqa: BLE001 - an unmigrated database too: `arbiter migrate` fixes it
+                why = f"{type(exc).__name__}" if isinstance(exc, UNREACHABLE) else f"{type(exc).__name__}: {exc}"
+                now = asyncio.get_running_loop().time()
+                if why != said or now - said_at >= 60:
+                    log.error("still waiting for the database (%s); not ready", why)
+                    said, said_at = why, now
+        log.info("the database answers: starting")
+        await self._run()
+
+    async def _run(self) -> None:
         await self.mesh.start()
-        self._tasks = [
+        self._tasks += [
             asyncio.create_task(self.registry.run(self.settings.registry_refresh_interval)),
             asyncio.create_task(self.mesh.run(self.settings.registry_refresh_interval)),
             asyncio.create_task(self.touches.run(self.settings.flush_interval)),
@@ -115,9 +151,12 @@ class Components:
             # Versions and models are read at start-up (in the background: a slow backend must
             # not hold the gateway's start) and then on a schedule.
             asyncio.create_task(self.sync.run(self.settings.sync_interval)),
+            # On (re)subscribing, a missed change is possible but unknown: cached keys are verified
+            # again on their next use, yet kept for a database outage (app/tenancy/keycache.py).
             asyncio.create_task(self.bus.listen({"keys": self._apply_key_change,
                                                  "models": self.registry.reload,
-                                                 "mesh": self.mesh.reload_peers})),
+                                                 "mesh": self.mesh.reload_peers},
+                                                catch_up={"keys": self._catch_up_keys})),
         ]
 
     async def stop(self) -> None:
@@ -190,6 +229,9 @@ class Components:
 
     async def _apply_key_change(self) -> None:
         self.keys.invalidate()
+
+    async def _catch_up_keys(self) -> None:
+        self.keys.expire()
 
     async def in_session(self, work: Callable[[Session], T]) -> T:
         """Run ``work(session)`` in a worker thread, in one transaction."""

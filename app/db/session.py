@@ -43,7 +43,12 @@ class Database:
 
     def unready_reason(self) -> str | None:
         """Why the database cannot serve this code (``/readyz``'s 503), or None when it answers and
-        is not behind the code's migrations. Blocking: run it in a worker thread.
+        is not behind the code's migrations. Blocking: run it in a worker thread."""
+        return self.state()[1]
+
+    def state(self) -> tuple[str, str | None]:
+        """("ok", None), ("unreachable", why) or ("behind", why): whether the database answers and is
+        not behind the code's migrations. Blocking: run it in a worker thread.
 
         The reason goes to unauthenticated callers, so it names the kind of failure, never hosts,
         users or SQL; those go to the log."""
@@ -53,11 +58,11 @@ class Database:
             migrate.check_current(self.engine)
         except migrate.NotMigrated as exc:
             log.warning("not ready: %s", exc)
-            return "the database is behind the code's migrations; run arbiter migrate"
+            return "behind", "the database is behind the code's migrations; run arbiter migrate"
         except (SQLAlchemyError, OSError) as exc:
             log.warning("not ready: %s", exc)
-            return f"the database is unavailable ({type(exc).__name__})"
-        return None
+            return "unreachable", f"the database is unavailable ({type(exc).__name__})"
+        return "ok", None
 
     def dispose(self) -> None:
         self.engine.dispose()
