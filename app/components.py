@@ -18,7 +18,7 @@ from app.chat.forward import ChatForwarder
 from app.db.session import Database
 from app.decisions.forward import Forwarder
 from app.mesh.node import Mesh
-from app.prepare import key_hasher, prepare_database
+from app.prepare import key_hasher, prepare_database, unreachable_reason
 from app.routing.registry import Registry
 from app.routing.router import ReplicaRouter
 from app.services.installs import Installer
@@ -31,7 +31,7 @@ from app.telemetry.spool_watch import SpoolWatch
 from app.telemetry.tracing import Tracing, provider_from_environment
 from app.telemetry.usage import UsageLedger
 from app.tenancy import service as tenancy
-from app.tenancy.keycache import UNREACHABLE, KeyCache
+from app.tenancy.keycache import KeyCache
 from app.tenancy.limits import LocalStore, RateLimiter, RedisStore
 from app.tenancy.throttle import FailureThrottle, LocalFailures, RedisFailures
 from app.tenancy.touches import KeyTouches
@@ -108,12 +108,15 @@ class Components:
                                                      registry=self.metrics.registry)
         try:
             await self._load()
-        except UNREACHABLE as exc:
+        except Exception as exc:
+            why = unreachable_reason(exc, self.database.url)
+            if why is None:
+                raise
             # A replica starting while the database is away: it serves /healthz (and /readyz's 503,
             # saying why) meanwhile, and starts the rest once the database answers.
             log.error("the database cannot be reached at start-up (%s); waiting for it: /readyz answers 503 "
-                      "until it does", type(exc).__name__)
-            self._tasks = [asyncio.create_task(self._wait_for_database(), name="wait for the database")]
+                      "until it does", why)
+            self._tasks = [asyncio.create_task(self._wait_for_database(why), name="wait for the database")]
             return
         await self._run()
 
@@ -123,16 +126,16 @@ class Components:
         await self.registry.reload()
         self.loaded = True
 
-    async def _wait_for_database(self) -> None:
+    async def _wait_for_database(self, said: str) -> None:
         """Try again, with back-off, until the process is stopped; say so now and then."""
-        delay, said, said_at = 0.5, "", 0.0
+        delay, said_at = 0.5, asyncio.get_running_loop().time()
         while not self.loaded:
             await asyncio.sleep(delay)
             delay = min(delay * 2, START_RETRY_MAX)
             try:
                 await self._load()
             except Exception as exc:  # noqa: BLE001 - an unmigrated database too: `arbiter migrate` fixes it
-                why = f"{type(exc).__name__}" if isinstance(exc, UNREACHABLE) else f"{type(exc).__name__}: {exc}"
+                why = unreachable_reason(exc, self.database.url) or f"{type(exc).__name__}: {exc}"
                 now = asyncio.get_running_loop().time()
                 if why != said or now - said_at >= 60:
                     log.error("still waiting for the database (%s); not ready", why)
@@ -183,8 +186,10 @@ class Components:
             # The sync's task was cancelled with the others (its backend call given up); a transaction
             # of it already in a worker thread ends on its own first. Then its lease goes.
             ("sync", lambda: self.sync.settled(TASKS_STOP_TIMEOUT)),
-            ("sync lease", lambda: asyncio.to_thread(self.sync.release)),
+            # (Never started, while the database was away: it holds no lease.)
+            ("sync lease", lambda: asyncio.to_thread(self.sync.release) if self.loaded else _nothing()),
             ("admin calls", self.admin.aclose),
+            ("key re-reads", self.keys.aclose),
             ("key touches", self.touches.flush),
             ("usage", self._close_ledger),
             ("backends", self.registry.aclose),
@@ -246,6 +251,10 @@ class Components:
             pydantic_core.to_json(answer)  # what FastAPI's encoding of the answer would raise
             return answer
         return await self.database.in_session(checked)
+
+
+async def _nothing() -> None:
+    return None
 
 
 def _spool_dir(settings: Settings) -> Path:

@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import migrate
@@ -18,6 +19,9 @@ from app.settings import sqlalchemy_url
 
 T = TypeVar("T")
 log = logging.getLogger("arbiter.db")
+# What a database that cannot be reached raises (refused, cut, timed out), as against one that
+# answers with an error of its own.
+UNREACHABLE = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout, TimeoutError, OSError)
 
 
 class Database:

@@ -21,9 +21,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, SQLAlchemyError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.exc import SQLAlchemyError
 
+from app.db.session import UNREACHABLE
 from app.errors import AuthenticationFailed, BackendFailed
 from app.tenancy.keys import KeyHasher, bearer_token, kind_of
 from app.tenancy.principal import Principal
@@ -35,9 +35,6 @@ _Entry = tuple[float, "Principal | None", float]
 _MAX_ENTRIES = 100_000
 NEGATIVE_TTL = 2.0  # an unknown key is remembered briefly, so a flood of bogus keys is cheap
 LOOKUP_TIMEOUT = 5.0  # seconds a key lookup may take before the request is refused (503)
-# What a database that cannot be reached raises (refused, cut, timed out), as against one that
-# answers with an error of its own.
-UNREACHABLE = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout, TimeoutError, OSError)
 AWAY_RETRY = 1.0  # while the database is away, a stale key is re-read in the background at most this often
 log = logging.getLogger("arbiter.keys")
 
@@ -159,6 +156,12 @@ class KeyCache:
         task = asyncio.get_running_loop().create_task(refresh())
         self._refreshes.add(task)
         task.add_done_callback(self._refreshes.discard)
+
+    async def aclose(self) -> None:
+        """Stop the background re-reads (at shutdown)."""
+        for task in list(self._refreshes):
+            task.cancel()
+        await asyncio.gather(*self._refreshes, return_exceptions=True)
 
     def invalidate(self) -> None:
         """Drop every entry (a key or project changed). Lookups in flight may have read the row
