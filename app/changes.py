@@ -42,8 +42,10 @@ class ChangeBus:
                 raise asyncio.CancelledError from exc
             log.warning("could not publish a '%s' change: %s", kind, type(exc).__name__)
 
-    async def listen(self, handlers: dict[str, Callable[[], Awaitable[None]]]) -> None:
-        """Apply other replicas' changes as they come; reconnect with back-off."""
+    async def listen(self, handlers: dict[str, Callable[[], Awaitable[None]]],
+                     catch_up: dict[str, Callable[[], Awaitable[None]]] | None = None) -> None:
+        """Apply other replicas' changes as they come; reconnect with back-off. ``catch_up``: what
+        to run instead of a kind's handler when changes of it may have been missed (none is known)."""
         if self._redis is None:
             return
         delay = 0.5
@@ -62,7 +64,7 @@ class ChangeBus:
                         log.info("change notifications back; catching up on what may have been missed")
                     first = interrupted = False
                     for kind, handler in handlers.items():
-                        await _apply(kind, handler)
+                        await _apply(kind, (catch_up or {}).get(kind, handler))
                 async for message in pubsub.listen():
                     if message.get("type") != "message":
                         continue

@@ -18,7 +18,7 @@ from app.chat.forward import ChatForwarder
 from app.db.session import Database
 from app.decisions.forward import Forwarder
 from app.mesh.node import Mesh
-from app.prepare import key_hasher, prepare_database
+from app.prepare import key_hasher, prepare_database, unreachable_reason
 from app.routing.registry import Registry
 from app.routing.router import ReplicaRouter
 from app.services.installs import Installer
@@ -41,6 +41,7 @@ from app.tenancy.touches import KeyTouches
 from infra_adapters.admin import AdminClient
 
 TASKS_STOP_TIMEOUT = 5.0  # seconds for the background tasks to end once cancelled
+START_RETRY_MAX = 10.0  # seconds between tries at most, for a replica started while the database is away
 log = logging.getLogger("arbiter")
 T = TypeVar("T")
 
@@ -52,7 +53,8 @@ class Components:
                                state=settings.trace_state, state_max_bytes=settings.trace_state_max_bytes)
         self.database = Database(settings.database_url)
         self.hasher = key_hasher(settings)
-        self.keys = KeyCache(self.hasher, self._load_principal, settings.key_cache_ttl)
+        self.keys = KeyCache(self.hasher, self._load_principal, settings.key_cache_ttl,
+                             stale=settings.key_stale_seconds)
         self.registry = Registry(self.database, settings, read=registry_rows, labels=backend_labels)
         self.metrics = Metrics(project_label=settings.metrics_project_label)
         self.redis = _redis_client(settings)
@@ -102,6 +104,7 @@ class Components:
                                  is_known=self.registry.known, alias_target=self.registry.alias_target,
                                  traced=self.tracing.on)
         self._tasks: list[asyncio.Task[None]] = []
+        self.loaded = False  # the database was read once (migrations, models): decisions can be served
         self._metrics_server: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -115,18 +118,54 @@ class Components:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()  # for tools and tests that look inside from outside
-        await asyncio.to_thread(self.prepare_database)
-        if self.salts.needs_stored_secret:  # no secret set: the deployment's own, read once here
-            self.salts.adopt(await asyncio.to_thread(stored_secret, self.database))
         await self.ledger.open()  # the journal: this process's lock in the spool, and its writer
         await asyncio.to_thread(self.ledger.load_spool)  # what dead processes left in the spool: written soon
         await asyncio.to_thread(self.spool_watch.look)  # and what is left there (a file it could not read)
         if self.settings.metrics_port is not None:
             self._metrics_server = start_http_server(self.settings.metrics_port, self.settings.metrics_host,
                                                      registry=self.metrics.registry)
+        try:
+            await self._load()
+        except Exception as exc:
+            why = unreachable_reason(exc, self.database.url)
+            if why is None:
+                raise
+            # A replica starting while the database is away: it serves /healthz (and /readyz's 503,
+            # saying why) meanwhile, and starts the rest once the database answers.
+            log.error("the database cannot be reached at start-up (%s); waiting for it: /readyz answers 503 "
+                      "until it does", why)
+            self._tasks = [asyncio.create_task(self._wait_for_database(why), name="wait for the database")]
+            return
+        await self._run()
+
+    async def _load(self) -> None:
+        """What serving needs from the database: its migrations checked (or made), the models."""
+        await asyncio.to_thread(self.prepare_database)
+        if self.salts.needs_stored_secret:  # no secret set: the deployment's own, read once here
+            self.salts.adopt(await asyncio.to_thread(stored_secret, self.database))
         await self.registry.reload()
+        self.loaded = True
+
+    async def _wait_for_database(self, said: str) -> None:
+        """Try again, with back-off, until the process is stopped; say so now and then."""
+        delay, said_at = 0.5, asyncio.get_running_loop().time()
+        while not self.loaded:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, START_RETRY_MAX)
+            try:
+                await self._load()
+            except Exception as exc:  # noqa: BLE001 - an unmigrated database too: `arbiter migrate` fixes it
+                why = unreachable_reason(exc, self.database.url) or f"{type(exc).__name__}: {exc}"
+                now = asyncio.get_running_loop().time()
+                if why != said or now - said_at >= 60:
+                    log.error("still waiting for the database (%s); not ready", why)
+                    said, said_at = why, now
+        log.info("the database answers: starting")
+        await self._run()
+
+    async def _run(self) -> None:
         await self.mesh.start()
-        self._tasks = [
+        self._tasks += [
             asyncio.create_task(self.registry.run(self.settings.registry_refresh_interval)),
             asyncio.create_task(self.mesh.run(self.settings.registry_refresh_interval)),
             asyncio.create_task(self.touches.run(self.settings.flush_interval)),
@@ -135,9 +174,12 @@ class Components:
             # Versions and models are read at start-up (in the background: a slow backend must
             # not hold the gateway's start) and then on a schedule.
             asyncio.create_task(self.sync.run(self.settings.sync_interval)),
+            # On (re)subscribing, a missed change is possible but unknown: cached keys are verified
+            # again on their next use, yet kept for a database outage (app/tenancy/keycache.py).
             asyncio.create_task(self.bus.listen({"keys": self._apply_key_change,
                                                  "models": self.registry.reload,
-                                                 "mesh": self.mesh.reload_peers})),
+                                                 "mesh": self.mesh.reload_peers},
+                                                catch_up={"keys": self._catch_up_keys})),
         ]
         if self.redis is not None:  # shares of limits while Redis is away, and the way back
             self._tasks += [asyncio.create_task(self.replica_count.run()), asyncio.create_task(self.limiter.run())]
@@ -166,9 +208,11 @@ class Components:
             # The sync's task was cancelled with the others (its backend call given up); a transaction
             # of it already in a worker thread ends on its own first. Then its lease goes.
             ("sync", lambda: self.sync.settled(TASKS_STOP_TIMEOUT)),
-            ("sync lease", lambda: asyncio.to_thread(self.sync.release)),
+            # (Never started, while the database was away: it holds no lease.)
+            ("sync lease", lambda: asyncio.to_thread(self.sync.release) if self.loaded else _nothing()),
             ("admin calls", self.admin.aclose),
             ("replica heartbeat", lambda: asyncio.to_thread(self.replica_count.release)),
+            ("key re-reads", self.keys.aclose),
             ("key touches", self.touches.flush),
             ("usage", self._close_ledger),
             ("backends", self.registry.aclose),
@@ -214,6 +258,9 @@ class Components:
     async def _apply_key_change(self) -> None:
         self.keys.invalidate()
 
+    async def _catch_up_keys(self) -> None:
+        self.keys.expire()
+
     async def in_session(self, work: Callable[[Session], T]) -> T:
         """Run ``work(session)`` in a worker thread, in one transaction."""
         return await self.database.in_session(work)
@@ -227,6 +274,10 @@ class Components:
             pydantic_core.to_json(answer)  # what FastAPI's encoding of the answer would raise
             return answer
         return await self.database.in_session(checked)
+
+
+async def _nothing() -> None:
+    return None
 
 
 def _spool_dir(settings: Settings) -> Path:

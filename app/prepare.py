@@ -10,7 +10,7 @@ import logging
 from sqlalchemy.exc import IntegrityError
 
 from app.db import migrate
-from app.db.session import Database
+from app.db.session import UNREACHABLE, Database
 from app.settings import Settings
 from app.tenancy import service as tenancy
 from app.tenancy.keys import KeyHasher
@@ -20,6 +20,16 @@ log = logging.getLogger("arbiter")
 
 def key_hasher(settings: Settings) -> KeyHasher:
     return KeyHasher(settings.key_pepper.get_secret_value() if settings.key_pepper else None)
+
+
+def unreachable_reason(exc: BaseException, url: str) -> str | None:
+    """Why a server database (not a SQLite file: nothing to wait for there) cannot be reached, in one
+    line without the password; None for any other error."""
+    if not isinstance(exc, UNREACHABLE) or url.startswith("sqlite"):
+        return None
+    orig = getattr(exc, "orig", None)
+    lines = str(orig if orig is not None else exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def prepare_database(settings: Settings, database: Database, hasher: KeyHasher) -> None:

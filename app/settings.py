@@ -98,7 +98,11 @@ class Settings(BaseSettings):
         "share", description="Rate limits while Redis is unreachable: each replica counts limit / replicas "
         "(share), lets requests through (open) or refuses them with 503 (closed)."
     )
-    key_cache_ttl: float = Field(30.0, ge=0, description="Seconds a resolved key stays cached.")
+    key_cache_ttl: float = Field(10.0, ge=0, description="Seconds a resolved key stays cached.")
+    key_stale_seconds: float = Field(
+        900.0, ge=0, description="While the database cannot be reached, a key it found valid within this many "
+        "seconds keeps working (0: none does)."
+    )
 
     client_timeout: float = Field(
         60.0, gt=0, description="Seconds a client may take to send one request, from its first byte to its "

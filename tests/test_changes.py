@@ -231,3 +231,29 @@ def test_a_publish_that_fails_as_its_task_is_cancelled_is_still_a_cancel() -> No
         assert done and task.cancelled() and after == []
 
     asyncio.run(scenario())
+
+
+def test_a_catch_up_runs_its_own_handler_and_messages_the_usual_one() -> None:
+    """On (re)subscribing nothing says which key changed: the key cache is asked to verify every key
+    again (keeping them for a database outage) instead of dropping them; a message drops them."""
+    need_redis()
+
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+        listener_client, sender_client = redis.asyncio.from_url(REDIS), redis.asyncio.from_url(REDIS)
+        listener, sender = ChangeBus(listener_client), ChangeBus(sender_client)
+
+        async def dropped() -> None:
+            seen.append("invalidate")
+
+        async def expired() -> None:
+            seen.append("expire")
+
+        task = asyncio.create_task(listener.listen({"keys": dropped}, catch_up={"keys": expired}))
+        await settled(lambda: seen == ["expire"])
+        await sender.publish("keys")
+        await settled(lambda: len(seen) == 2)
+        await quiet_then_stop(task, listener_client, sender_client)
+        return seen
+
+    assert asyncio.run(scenario()) == ["expire", "invalidate"]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any
 
@@ -56,7 +57,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from app.db.migrate import NotMigrated
     from app.db.session import Database
-    from app.prepare import key_hasher, prepare_database
+    from app.prepare import key_hasher, prepare_database, unreachable_reason
     from app.telemetry.logs import configure as configure_logs
 
     configure_logs(settings.log_level)
@@ -66,6 +67,13 @@ def _serve(args: argparse.Namespace) -> int:
     except NotMigrated as exc:
         print(f"arbiter: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        why = unreachable_reason(exc, database.url)
+        if why is None:
+            raise
+        # A replica started while the database is away serves /healthz and waits for it (app/components.py).
+        logging.getLogger("arbiter").error("the database cannot be reached (%s); starting anyway: not ready "
+                                           "until it answers", why)
     finally:
         database.dispose()
     from app.server import serve  # the serving stack's imports: once the database is ready

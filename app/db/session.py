@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import migrate
@@ -18,6 +19,9 @@ from app.settings import sqlalchemy_url
 
 T = TypeVar("T")
 log = logging.getLogger("arbiter.db")
+# What a database that cannot be reached raises (refused, cut, timed out), as against one that
+# answers with an error of its own.
+UNREACHABLE = (OperationalError, InterfaceError, DisconnectionError, PoolTimeout, TimeoutError, OSError)
 
 
 class Database:
@@ -43,7 +47,12 @@ class Database:
 
     def unready_reason(self) -> str | None:
         """Why the database cannot serve this code (``/readyz``'s 503), or None when it answers and
-        is not behind the code's migrations. Blocking: run it in a worker thread.
+        is not behind the code's migrations. Blocking: run it in a worker thread."""
+        return self.state()[1]
+
+    def state(self) -> tuple[str, str | None]:
+        """("ok", None), ("unreachable", why) or ("behind", why): whether the database answers and is
+        not behind the code's migrations. Blocking: run it in a worker thread.
 
         The reason goes to unauthenticated callers, so it names the kind of failure, never hosts,
         users or SQL; those go to the log."""
@@ -53,11 +62,11 @@ class Database:
             migrate.check_current(self.engine)
         except migrate.NotMigrated as exc:
             log.warning("not ready: %s", exc)
-            return "the database is behind the code's migrations; run arbiter migrate"
+            return "behind", "the database is behind the code's migrations; run arbiter migrate"
         except (SQLAlchemyError, OSError) as exc:
             log.warning("not ready: %s", exc)
-            return f"the database is unavailable ({type(exc).__name__})"
-        return None
+            return "unreachable", f"the database is unavailable ({type(exc).__name__})"
+        return "ok", None
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -62,6 +62,29 @@ def test_serve_answers_a_decision_and_stops_cleanly(tmp_path: Path) -> None:
                 process.wait()
 
 
+def test_serve_waits_for_a_database_that_is_away(tmp_path: Path) -> None:
+    """A replica started while its PostgreSQL is away: it says so, answers /healthz (no restart loop),
+    answers /readyz with 503 and why, and stops cleanly; it would start once the database answers
+    (tests/reliability/test_database_away.py)."""
+    env = environment("postgresql://u:sekrit@127.0.0.1:1/db")
+    port = free_port()
+    server = subprocess.Popen([ARBITER, "serve", "--port", str(port)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/healthz", server)
+        ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=10)
+        assert ready.status_code == 503
+        assert ready.json() == {"status": "not ready", "reason": "the database is unavailable (OperationalError)"}
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=30) == 0
+        _, stderr = server.communicate()
+        assert "the database cannot be reached" in stderr.decode() and "sekrit" not in stderr.decode()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
 def test_serve_refuses_an_unmigrated_database(tmp_path: Path) -> None:
     env = environment(f"sqlite:///{tmp_path / 'fresh.db'}")
     result = subprocess.run([ARBITER, "serve", "--port", str(free_port())], check=False, env=env, capture_output=True,

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from app.errors import AuthenticationFailed, BackendFailed
 from app.tenancy.keycache import KeyCache
@@ -172,3 +172,149 @@ def test_unknown_keys_are_remembered_briefly() -> None:
 
     asyncio.run(flood())
     assert calls == 1
+
+
+class Database:
+    """A loader whose database can be taken away, counting its lookups."""
+
+    def __init__(self, answer: Principal | None) -> None:
+        self.answer = answer
+        self.error: Exception | None = None
+        self.calls = 0
+
+    def __call__(self, _digest: str) -> Principal | None:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return self.answer
+
+    def away(self) -> None:
+        self.error = OperationalError("SELECT", {}, Exception("connection refused"))
+
+
+async def outcome(cache: KeyCache) -> Principal | Exception:
+    try:
+        return await cache.authenticate(f"Bearer {KEY}", "project")
+    except (AuthenticationFailed, BackendFailed) as exc:
+        return exc
+
+
+def status(result: Principal | Exception) -> int:
+    return 200 if isinstance(result, Principal) else int(getattr(result, "status", 0))
+
+
+def test_a_key_verified_lately_keeps_working_while_the_database_is_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its TTL, a key the database found valid within the stale window is served from memory
+    while lookups fail for the database's sake; once it answers again, what it says counts."""
+    monkeypatch.setattr("app.tenancy.keycache.AWAY_RETRY", 0.0)
+    database = Database(principal())
+
+    async def scenario() -> list[int]:
+        cache = KeyCache(HASHER, database, ttl=0, stale=60)
+        seen = [status(await outcome(cache))]
+        database.away()
+        seen += [status(await outcome(cache)) for _ in range(5)]
+        database.error = None
+        database.answer = dataclasses.replace(principal(), revoked_at=dt.datetime.now(dt.UTC))
+        deadline = time.monotonic() + 10
+        while status(await outcome(cache)) == 200:  # re-read in the background: refused once it is
+            assert time.monotonic() < deadline, "the key was never verified again"
+            await asyncio.sleep(0.01)
+        seen.append(status(await outcome(cache)))
+        return seen
+
+    assert asyncio.run(scenario()) == [200, 200, 200, 200, 200, 200, 401]
+
+
+def test_while_the_database_is_away_stale_keys_wait_for_no_lookup() -> None:
+    """Once a lookup has failed, the stale key is answered at once; re-reads go on in the background,
+    at most one per AWAY_RETRY."""
+    database = Database(principal())
+
+    async def scenario() -> int:
+        cache = KeyCache(HASHER, database, ttl=0, stale=60)
+        await outcome(cache)
+        database.away()
+        for _ in range(50):
+            assert status(await outcome(cache)) == 200
+        await asyncio.sleep(0.05)  # a background re-read finishes
+        return database.calls
+
+    assert asyncio.run(scenario()) <= 3  # the first, the failed one, perhaps one background re-read
+
+
+def test_what_the_database_answered_is_never_overridden_by_an_outage() -> None:
+    """A key it said was revoked stays refused (401); a key it never found valid gets 503, not 401."""
+    revoked = Database(dataclasses.replace(principal(), revoked_at=dt.datetime.now(dt.UTC)))
+    unknown = Database(None)
+
+    async def scenario(database: Database) -> list[int]:
+        cache = KeyCache(HASHER, database, ttl=0, stale=60)
+        seen = [status(await outcome(cache))]
+        database.away()
+        seen += [status(await outcome(cache)) for _ in range(2)]
+        return seen
+
+    assert asyncio.run(scenario(revoked)) == [401, 401, 401]
+    assert asyncio.run(scenario(unknown))[1:] == [503, 503]  # its brief negative entry lasts no TTL of 0
+
+
+def test_past_the_stale_window_or_after_a_known_change_the_key_gets_503() -> None:
+    async def scenario(stale: float, invalidate: bool) -> int:
+        database = Database(principal())
+        cache = KeyCache(HASHER, database, ttl=0, stale=stale)
+        await outcome(cache)
+        database.away()
+        if invalidate:
+            cache.invalidate()  # a revocation heard of: nothing kept
+        return status(await outcome(cache))
+
+    assert asyncio.run(scenario(0, invalidate=False)) == 503
+    assert asyncio.run(scenario(60, invalidate=True)) == 503
+    assert asyncio.run(scenario(60, invalidate=False)) == 200
+
+
+def test_an_expiry_time_holds_on_a_stale_key() -> None:
+    soon = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=0.3)
+    database = Database(dataclasses.replace(principal(), expires_at=soon))
+
+    async def scenario() -> list[int]:
+        cache = KeyCache(HASHER, database, ttl=0, stale=60)
+        seen = [status(await outcome(cache))]
+        database.away()
+        while dt.datetime.now(dt.UTC) <= soon:
+            await asyncio.sleep(0.05)
+        return [*seen, status(await outcome(cache))]
+
+    assert asyncio.run(scenario()) == [200, 401]
+
+
+def test_expire_reads_every_key_again_but_keeps_them_for_an_outage() -> None:
+    """What the change bus does when it may have missed a change: nothing says which key it was."""
+    database = Database(principal())
+
+    async def scenario() -> tuple[int, int, int]:
+        cache = KeyCache(HASHER, database, ttl=60, stale=60)
+        await outcome(cache)
+        cache.expire()
+        await outcome(cache)
+        looked_up = database.calls  # read again, though its TTL had not run out
+        cache.expire()
+        database.away()
+        return looked_up, status(await outcome(cache)), database.calls
+
+    assert asyncio.run(scenario()) == (2, 200, 3)
+
+
+def test_an_error_the_database_answers_with_keeps_no_stale_key() -> None:
+    """Only a database that cannot be reached lets a stale key through, not one that answers with an
+    error (a broken schema, a bug)."""
+    database = Database(principal())
+
+    async def scenario() -> int:
+        cache = KeyCache(HASHER, database, ttl=0, stale=60)
+        await outcome(cache)
+        database.error = ProgrammingError("SELECT", {}, Exception("no such column"))
+        return status(await outcome(cache))
+
+    assert asyncio.run(scenario()) == 503

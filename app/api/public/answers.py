@@ -45,7 +45,10 @@ class Alive(BaseModel):
 
 
 class Ready(BaseModel):
-    status: Literal["ready"]
+    status: Literal["ready", "degraded"] = Field(description="degraded: the database is unreachable; keys "
+                                                 "verified lately and the models last loaded serve meanwhile")
+    database: Literal["unreachable"] | None = Field(None, description="with the database unreachable only")
+    reason: str | None = Field(None, description="why the database is unreachable: the kind of failure")
     redis: Literal["ok", "unreachable"] | None = Field(None, description="with ARBITER_REDIS_URL only")
     rate_limits: Literal["shared", "local_share", "open", "closed"] | None = Field(
         None, description="with ARBITER_REDIS_URL only: how limits are counted now (shared in Redis; while it is "

@@ -48,15 +48,29 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-NOT_READY = "the database is unavailable or behind the code's migrations"
+NOT_READY = ("the database is behind the code's migrations, or unavailable and nothing was loaded from it "
+             "since this process started")
+DATABASE_CHECK_TIMEOUT = 2.0  # seconds; inside a probe's usual 3 s (a database that does not answer at all)
 
 
 @router.get("/readyz", **answer(Ready, also={503: (NotReady, NOT_READY)}))
 async def readyz(components: ComponentsDep) -> JSONResponse:
-    reason = await asyncio.to_thread(components.database.unready_reason)
-    if reason is not None:
+    """Ready while decisions can be served. The database away is reported, not failed on, once this
+    process has loaded its state from it: cached keys and the models keep serving (every replica
+    shares the one database, so failing readiness would take all of them out at once)."""
+    try:
+        database, reason = await asyncio.wait_for(asyncio.to_thread(components.database.state),
+                                                  DATABASE_CHECK_TIMEOUT)
+    except TimeoutError:
+        database, reason = "unreachable", "the database is unavailable (no answer in time)"
+    if database == "behind" or (reason is not None and not components.loaded):
         return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
+    if not components.loaded:  # the database is back; the start-up's next try is moments away
+        return JSONResponse({"status": "not ready", "reason": "starting: loading from the database"},
+                            status_code=503)
     answer: dict[str, Any] = {"status": "ready"}
+    if reason is not None:
+        answer.update(status="degraded", database="unreachable", reason=reason)
     if components.redis is not None:
         # Reported, not failed on: every replica shares the one Redis, so failing readiness would
         # take all of them out at once, unlimited projects included.
