@@ -172,17 +172,18 @@ def rebuild(connection: Connection, start: dt.datetime, end: dt.datetime) -> int
     t, h = ROLLUPS, LATENCY
     connection.execute(delete(t).where(t.c.hour >= start, t.c.hour < end))
     connection.execute(delete(h).where(h.c.hour >= start, h.c.hour < end))
-    dims = [hour, func.coalesce(r.project_id, 0), func.coalesce(r.key_id, 0), r.model, func.coalesce(r.alias, ""),
-            r.operation, func.coalesce(r.provider, ""), r.status]
+    zero, blank = literal_column("0"), literal_column("''")  # constants, not parameters: PostgreSQL groups by them
+    project = func.coalesce(r.project_id, zero)
+    dims = [hour, project, func.coalesce(r.key_id, zero), r.model, func.coalesce(r.alias, blank), r.operation,
+            func.coalesce(r.provider, blank), r.status]
     totals = select(*dims, func.count(), func.coalesce(func.sum(r.input_tokens), 0),
                     func.coalesce(func.sum(r.output_tokens), 0), func.sum(r.latency_ms)).where(*window)
     counted = connection.execute(t.insert().from_select(
         [*KEY, "requests", "input_tokens", "output_tokens", "latency_ms"],
         totals.group_by(*dims))).rowcount
     bin_ = latency_bin_sql(r.latency_ms, dialect)
-    latency = (select(hour, func.coalesce(r.project_id, 0), bin_, func.count(), func.min(r.latency_ms),
-                      func.max(r.latency_ms)).where(*window)
-               .group_by(hour, func.coalesce(r.project_id, 0), bin_))
+    latency = (select(hour, project, bin_, func.count(), func.min(r.latency_ms), func.max(r.latency_ms))
+               .where(*window).group_by(hour, project, bin_))
     connection.execute(h.insert().from_select([*LATENCY_KEY, "requests", "low", "high"], latency))
     return int(counted or 0)
 
