@@ -172,7 +172,9 @@ def rebuild(connection: Connection, start: dt.datetime, end: dt.datetime) -> int
     t, h = ROLLUPS, LATENCY
     connection.execute(delete(t).where(t.c.hour >= start, t.c.hour < end))
     connection.execute(delete(h).where(h.c.hour >= start, h.c.hour < end))
-    zero, blank = literal_column("0"), literal_column("''")  # constants, not parameters: PostgreSQL groups by them
+    # Constants, not parameters: PostgreSQL groups by the expressions only when they are the same.
+    zero: ColumnElement[int] = literal_column("0")
+    blank: ColumnElement[str] = literal_column("''")
     project = func.coalesce(r.project_id, zero)
     dims = [hour, project, func.coalesce(r.key_id, zero), r.model, func.coalesce(r.alias, blank), r.operation,
             func.coalesce(r.provider, blank), r.status]

@@ -9,7 +9,7 @@ the histogram the rollups keep (``LATENCY_EDGES``: bins 9% wide, each with its c
 highest value), read by ``percentiles``: exact where a bin holds
 one or two values, otherwise within the bin, so at most 9% off (a database-side percentile would
 need PostgreSQL's ``percentile_cont`` and a second, different path for SQLite, which has none).
-On PostgreSQL every report query stops after ``REPORT_TIMEOUT_MS`` (``reading``)."""
+Reports run on a pool of their own with a statement timeout (app/db/reports.py)."""
 
 from __future__ import annotations
 
@@ -78,9 +78,10 @@ class Period:
 
 
 def reading(work: Callable[[Session], T]) -> Callable[[Session], T]:
-    """``work`` as a report: its statements stopped after ``REPORT_TIMEOUT_MS`` on PostgreSQL (a
-    period of millions of rows must not hold a connection for minutes), and a stopped one told
-    as such (504, what to do), not as a database that is away."""
+    """``work`` as a report on a session of the caller's: its statements stopped after
+    ``REPORT_TIMEOUT_MS`` on PostgreSQL, and a stopped one told as such (504, what to do), not as
+    a database that is away. The app's reports run on the report pool instead (app/db/reports.py,
+    ``Components.in_report``), which does this with ARBITER_REPORT_TIMEOUT_SECONDS."""
     def bounded(session: Session) -> T:
         limit(session, REPORT_TIMEOUT_MS)
         with translated():

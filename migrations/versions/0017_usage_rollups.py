@@ -10,8 +10,9 @@ What it costs: one pass over ``usage_records`` (two GROUP BYs per UTC day, the d
 through ``ix_usage_at``). On PostgreSQL a day at a time, each statement committed on its own
 (autocommit), so a large table never holds one long transaction, and a failed run, run again,
 makes every day whole (a day's rollups are deleted before they are written). Measured by
-bench/ledger.py (docs/performance.md): about 9 s per million rows on 2 shared cores, so ~90 s
-for 10 M rows; the rollups take a few thousand rows per day. The previous release goes on writing records meanwhile and does not roll
+bench/ledger.py (docs/performance.md): about 12 s per million rows on 2 shared cores, so about
+2 minutes for 10 M rows; the rollups hold at most a row per hour and project, key, model, alias,
+operation, provider and status. The previous release goes on writing records meanwhile and does not roll
 them up: once it is gone, ``arbiter usage rollup --since <the upgrade's day>`` counts those.
 """
 import datetime as dt
