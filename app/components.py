@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from app.changes import ChangeBus
 from app.chat.forward import ChatForwarder
+from app.db.reports import Reports
 from app.db.session import Database
 from app.decisions.forward import Forwarder
 from app.mesh.node import Mesh
@@ -52,6 +53,8 @@ class Components:
         self.tracing = Tracing(tracer_provider if tracer_provider is not None else provider_from_environment(),
                                state=settings.trace_state, state_max_bytes=settings.trace_state_max_bytes)
         self.database = Database(settings.database_url)
+        self.reports = Reports(settings.database_url, pool_size=settings.report_pool_size,
+                               timeout=settings.report_timeout_seconds, per_minute=settings.usage_reads_per_minute)
         self.hasher = key_hasher(settings)
         self.keys = KeyCache(self.hasher, self._load_principal, settings.key_cache_ttl,
                              stale=settings.key_stale_seconds)
@@ -231,6 +234,7 @@ class Components:
             server, thread = self._metrics_server
             server.shutdown()
             thread.join(timeout=5)
+        self.reports.dispose()
         self.database.dispose()
 
     async def _close_ledger(self) -> None:
@@ -264,6 +268,12 @@ class Components:
     async def in_session(self, work: Callable[[Session], T]) -> T:
         """Run ``work(session)`` in a worker thread, in one transaction."""
         return await self.database.in_session(work)
+
+    async def in_report(self, work: Callable[[Session], T], *, who: int | str | None = None, what: str = "") -> T:
+        """A usage report: ``work(session)`` on the report pool (app/db/reports.py), never the one key
+        lookups use; ``who`` (a key's id) held to ARBITER_USAGE_READS_PER_MINUTE, and a query past
+        ARBITER_REPORT_TIMEOUT_SECONDS a 504 that says to narrow ``what``."""
+        return await self.reports.run(work, who=who, what=what)
 
     async def in_change(self, work: Callable[[Session], T]) -> T:
         """An admin change: ``work(session)`` in one transaction, and its answer encoded as JSON

@@ -191,6 +191,16 @@ class Settings(BaseSettings):
         "interval", description="'always': a decision's usage record is fsynced to the journal before its "
         "answer is sent (needs ARBITER_USAGE_SPOOL_DIR); 'interval': every ARBITER_USAGE_FSYNC_INTERVAL.")
 
+    # Usage reports (every usage page, API and CSV): a pool of their own, never the hot path's.
+    report_pool_size: int = Field(
+        2, ge=1, le=64, description="Database connections (and threads) usage reports run on, apart from "
+        "the ones key lookups and the usage writer use.")
+    report_timeout_seconds: float = Field(
+        10.0, gt=0, le=3600, description="Seconds a usage report's query may run before it is stopped (504).")
+    usage_reads_per_minute: int = Field(
+        30, ge=0, description="Usage reads (pages, API calls, CSV downloads) one key may make a minute, per "
+        "replica (429 with Retry-After past it; 0: no limit).")
+
     # Observability.
     log_level: str = Field("INFO", description="Log level of the JSON logs.")
     log_payloads: bool = Field(False, description="Put request states in the logs (personal data!).")

@@ -218,7 +218,10 @@ def start_gateway(database_url: str, tracer_provider: Any = None, **overrides: A
                               "flush_interval": 0.1,
                               # Tests send bad keys by the dozen from one address; the throttle's
                               # own tests turn it on (tests/api/admin/test_failed_key_throttle.py).
-                              "auth_failure_limit": 0, **overrides}
+                              "auth_failure_limit": 0,
+                              # Tests poll /v1/usage until the ledger has written; the per-key rate of
+                              # usage reads has its own tests (tests/api/test_usage_reads.py).
+                              "usage_reads_per_minute": 0, **overrides}
     return Gateway(Settings(**values), tracer_provider).start()
 
 

@@ -9,6 +9,7 @@
     arbiter service add|list|show|status|refresh|remove
     arbiter model list|show|set
     arbiter alias add|list|show|remove
+    arbiter usage rollup [--since DAY]                 (this machine's database only)
 
 The object commands run on the database of ARBITER_DATABASE_URL, or, given a server's address
 (``--url`` or ARBITER_URL) and an admin key, on its admin API (app/cli/connection.py): one set of
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 import sqlalchemy.exc
 from pydantic import ValidationError
 
-from app.cli import aliases, completion, keys, local, models, organizations, projects, services
+from app.cli import aliases, completion, keys, local, models, organizations, projects, services, usage
 from app.cli.common import Parser
 from app.cli.connection import add_options, given_options
 from app.errors import ArbiterError
@@ -82,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     services.add_parsers(sub)
     aliases.add_parsers(sub)
     models.add_parsers(sub)
+    usage.add_parsers(sub)
     local.add_emulate_parsers(sub)
     completion.add_parser(sub, parser)
     return parser

@@ -180,6 +180,45 @@ class UsageRecord(Base):
     alias: Mapped[str | None] = mapped_column(String(200), nullable=True)
 
 
+class UsageRollup(Base):
+    """The ledger's totals per UTC hour and per everything a report groups or filters by, kept in
+    the transaction that writes the records (app/db/rollups.py): reports read these, never the
+    raw rows. A missing project, key, alias or provider is 0 or '' (a key column cannot be NULL);
+    no foreign keys, so the totals outlive what they count (as the records' ids do)."""
+
+    __tablename__ = "usage_rollups"
+    __table_args__ = (Index("ix_usage_rollups_project_hour", "project_id", "hour"),)
+
+    hour: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    project_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    alias: Mapped[str] = mapped_column(String(200), primary_key=True)
+    operation: Mapped[str] = mapped_column(String(32), primary_key=True)
+    provider: Mapped[str] = mapped_column(String(32), primary_key=True)
+    status: Mapped[int] = mapped_column(Integer, primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    input_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens: Mapped[int] = mapped_column(BigInteger)
+    latency_ms: Mapped[float] = mapped_column(Float)  # the sum: the mean is latency_ms / requests
+
+
+class UsageLatencyRollup(Base):
+    """The latency histogram per UTC hour and project (app/db/rollups.py's ``LATENCY_EDGES``):
+    each bin's count, lowest and highest value, so percentiles read from it are those the raw
+    rows give."""
+
+    __tablename__ = "usage_latency_rollups"
+    __table_args__ = (Index("ix_usage_latency_rollups_project_hour", "project_id", "hour"),)
+
+    hour: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    project_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bin: Mapped[int] = mapped_column(Integer, primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger)
+    low: Mapped[float] = mapped_column(Float)
+    high: Mapped[float] = mapped_column(Float)
+
+
 class Lease(Base):
     """Who runs a background job (service syncs) among the replicas, until when."""
 

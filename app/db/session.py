@@ -14,7 +14,7 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError,
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import migrate
+from app.db import migrate, rollups
 from app.settings import sqlalchemy_url
 
 T = TypeVar("T")
@@ -31,6 +31,7 @@ class Database:
         self.url = sqlalchemy_url(url)
         self.engine = make_engine(self.url, echo=echo)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        rollups.track(self._sessions)  # usage records added through the ORM are rolled up as they flush
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -72,12 +73,12 @@ class Database:
         self.engine.dispose()
 
 
-def make_engine(url: str, *, echo: bool = False) -> Engine:
+def make_engine(url: str, *, echo: bool = False, pool_size: int = 10, max_overflow: int = 20) -> Engine:
     kwargs: dict[str, Any] = {"echo": echo, "future": True}
     if url.startswith("sqlite"):
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
     else:
-        kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True, pool_recycle=1800)
+        kwargs.update(pool_size=pool_size, max_overflow=max_overflow, pool_pre_ping=True, pool_recycle=1800)
         kwargs["connect_args"] = {"connect_timeout": 5}
     engine = create_engine(url, **kwargs)
     if url.startswith("sqlite"):

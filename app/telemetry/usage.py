@@ -6,6 +6,7 @@ process killed outright loses at most the last fsync interval's records."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
 import logging
 import os
@@ -15,17 +16,20 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import Date, case, func, literal, select, tuple_
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from app import audit
-from app.db.models import Project, UsageRecord
+from app.db.models import Project, UsageRecord, UsageRollup
+from app.db.rollups import Increments
 from app.db.session import Database
 from app.db.timestamps import as_utc
+from app.errors import InvalidRequest
 from app.telemetry.record import RequestRecord
 from app.telemetry.spool import Journal
+from app.telemetry.usage_report import mean_latency, project_ids, rolled
 
 log = logging.getLogger("arbiter.usage")
 BATCH = 5000
@@ -269,17 +273,29 @@ class UsageLedger:
             # A retried batch whose first COMMIT landed (the answer lost) inserts nothing twice.
             # ON CONFLICT with a target (not SQLite's INSERT OR IGNORE, which would also skip a
             # NOT NULL violation silently): only a uid already there is skipped.
+            # RETURNING: the rows actually stored, the only ones the rollups count.
             sql = (f"INSERT INTO {UsageRecord.__tablename__} ({', '.join(COLUMNS)}) VALUES "
-                   + ", ".join([row] * rows) + " ON CONFLICT (record_uid) DO NOTHING")
+                   + ", ".join([row] * rows) + " ON CONFLICT (record_uid) DO NOTHING RETURNING record_uid")
             if len(self._inserts) < 16:
                 self._inserts[rows] = sql
         return sql
 
     def _write(self, batch: list[tuple[Any, ...]]) -> None:
+        """Insert ``batch`` and add what it stored to the rollups (app/db/rollups.py), in one
+        transaction: a row skipped by the uid guard (its batch's first COMMIT landed) counts once."""
         with self._database.engine.begin() as connection:
+            stored: set[str] = set()
             for start in range(0, len(batch), ROWS_PER_INSERT):
                 rows = batch[start:start + ROWS_PER_INSERT]
-                connection.exec_driver_sql(self._insert(len(rows)), tuple(chain.from_iterable(rows)))
+                result = connection.exec_driver_sql(self._insert(len(rows)), tuple(chain.from_iterable(rows)))
+                stored.update(uid for (uid,) in result)
+            increments = Increments(connection.dialect.name)
+            for row in batch:
+                if row[-1] in stored:
+                    increments.add(at=row[0], project_id=row[2], key_id=row[3], operation=row[4], model=row[5],
+                                   provider=row[6], status=row[7], input_tokens=row[8], output_tokens=row[9],
+                                   latency_ms=row[10], alias=row[11])
+            increments.write(connection)
 
     def _write_one_by_one(self, batch: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         """Write ``batch`` a row at a time, dropping (and counting) the rows that cannot be stored.
@@ -332,56 +348,85 @@ def _sqlite_text(at: dt.datetime) -> str:
 
 
 def summary(session: Session, *, project: str | None = None, since: dt.date | None = None,
-            until: dt.date | None = None, projects: Collection[str] | None = None) -> list[dict[str, Any]]:
+            until: dt.date | None = None, projects: Collection[str] | None = None, limit: int | None = None,
+            after: tuple[dt.date, str, str] | None = None) -> list[dict[str, Any]]:
     """Usage per day and per model (and per project when no project is named); ``projects``
     keeps only those projects (a project-admin's). Days are UTC days, in the buckets as in
-    ``since`` and ``until``."""
+    ``since`` and ``until``. Read from the rollups (app/db/rollups.py).
+
+    Ordered by day, model and project (no project: ''), ``limit`` rows at most, those after the
+    row ``after`` names (``cursor`` of the last row of a page) when given."""
+    r = UsageRollup
     day = _utc_day(session)
-    columns = [day.label("day"), UsageRecord.model, Project.name.label("project"),
-               func.count().label("requests"),
-               func.sum(UsageRecord.input_tokens).label("input_tokens"),
-               func.sum(UsageRecord.output_tokens).label("output_tokens"),
-               func.sum(case((UsageRecord.status >= 400, 1), else_=0)).label("errors"),
-               func.avg(UsageRecord.latency_ms).label("mean_latency_ms")]
-    query = (select(*columns).outerjoin(Project, Project.id == UsageRecord.project_id)
-             .group_by(day, UsageRecord.model, Project.name).order_by(day, UsageRecord.model, Project.name))
-    if project is not None:
-        query = query.where(Project.name == project)
-    if projects is not None:
-        query = query.where(Project.name.in_(sorted(projects)))
-    if since is not None:
-        query = query.where(UsageRecord.at >= dt.datetime.combine(since, dt.time(), dt.UTC))
-    if until is not None and until < dt.date.max:  # the last day there is bounds nothing
-        query = query.where(UsageRecord.at < dt.datetime.combine(until + dt.timedelta(days=1), dt.time(), dt.UTC))
+    named = func.coalesce(Project.name, "")
+    grouped = rolled(session, select(
+        day.label("day"), r.model.label("model"), named.label("named"), Project.name.label("project"),
+        func.sum(r.requests).label("requests"), func.sum(r.input_tokens).label("input_tokens"),
+        func.sum(r.output_tokens).label("output_tokens"),
+        func.sum(case((r.status >= 400, r.requests), else_=0)).label("errors"),
+        func.sum(r.latency_ms).label("latency_ms")),
+        dt.datetime.combine(since, dt.time(), dt.UTC) if since is not None else None,
+        # the last day there is bounds nothing
+        dt.datetime.combine(until + dt.timedelta(days=1), dt.time(), dt.UTC)
+        if until is not None and until < dt.date.max else None,
+        project, projects).group_by(day, r.model, Project.name).subquery()
+    query = select(grouped).order_by(grouped.c.day, grouped.c.model, grouped.c.named)
+    if after is not None:
+        query = query.where(tuple_(grouped.c.day, grouped.c.model, grouped.c.named)
+                            > tuple_(literal(after[0], Date), literal(after[1]), literal(after[2])))
+    if limit is not None:
+        query = query.limit(limit)
     return [
-        {"day": str(row.day), "model": row.model, "project": row.project, "requests": row.requests,
+        {"day": str(row.day), "model": row.model, "project": row.project, "requests": int(row.requests),
          "input_tokens": int(row.input_tokens or 0), "output_tokens": int(row.output_tokens or 0),
-         "errors": int(row.errors or 0), "mean_latency_ms": round(float(row.mean_latency_ms or 0), 3)}
+         "errors": int(row.errors or 0), "mean_latency_ms": mean_latency(row, 3)}
         for row in session.execute(query)
     ]
 
 
+def cursor(row: dict[str, Any]) -> str:
+    """Where the page after ``row`` (a ``summary`` row) starts: an opaque token."""
+    token = json.dumps([row["day"], row["model"], row["project"] or ""], separators=(",", ":"))
+    return base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+
+
+def after_cursor(token: str) -> tuple[dt.date, str, str]:
+    """A ``cursor`` read back; InvalidRequest when it is not one."""
+    try:
+        day, model, project = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        return dt.date.fromisoformat(day), str(model), str(project)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest("cursor is not one this API gave: pass the 'next' of the previous page "
+                             "as it came") from exc
+
+
 def _utc_day(session: Session) -> Any:
-    """The UTC day of a record's time, as SQL. PostgreSQL's date() of a timestamptz is the day
+    """The UTC day of a rollup's hour, as SQL. PostgreSQL's date() of a timestamptz is the day
     in the session's TimeZone (a libpq PGTZ, a role's or the server's setting); SQLite keeps the
     UTC time as text."""
     if session.get_bind().dialect.name == "postgresql":
-        return func.date(func.timezone("UTC", UsageRecord.at))
-    return func.date(UsageRecord.at)
+        return func.date(func.timezone("UTC", UsageRollup.hour))
+    return func.date(UsageRollup.hour)
 
 
 def recent(session: Session, *, project: str | None = None, limit: int = 50,
            projects: Collection[str] | None = None) -> list[dict[str, Any]]:
-    query = (select(UsageRecord, Project.name).outerjoin(Project, Project.id == UsageRecord.project_id)
-             .order_by(UsageRecord.id.desc()).limit(limit))
-    if project is not None:
-        query = query.where(Project.name == project)
-    if projects is not None:
-        query = query.where(Project.name.in_(sorted(projects)))
+    """The latest ``limit`` records, newest first. A project is read by its id, newest first along
+    ``ix_usage_project_at`` (one query per project: an IN list would read the time index back
+    until enough of them turn up, the whole table for a dormant project)."""
+    ids = project_ids(session, project, projects)
+    newest = (UsageRecord.at.desc(), UsageRecord.id.desc())
+    base = select(UsageRecord, Project.name).outerjoin(Project, Project.id == UsageRecord.project_id)
+    if ids is None:
+        found = list(session.execute(base.order_by(*newest).limit(limit)))
+    else:
+        found = [row for one in ids
+                 for row in session.execute(base.where(UsageRecord.project_id == one).order_by(*newest).limit(limit))]
+        found.sort(key=lambda row: (as_utc(row[0].at), row[0].id), reverse=True)
     return [
         {"at": as_utc(r.at).isoformat(), "request_id": r.request_id,
          "project": name, "key_id": r.key_id, "operation": r.operation, "model": r.model, "alias": r.alias,
          "provider": r.provider, "status": r.status, "input_tokens": r.input_tokens,
          "output_tokens": r.output_tokens, "latency_ms": r.latency_ms}
-        for r, name in session.execute(query)
+        for r, name in found[:limit]
     ]

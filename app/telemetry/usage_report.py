@@ -2,13 +2,14 @@
 hour of the last 24 hours) tokens and requests by status class, latency percentiles, totals per
 project and model, and usage per key.
 
-Every figure is aggregated in SQL, the same SQL on SQLite and PostgreSQL, so what comes back to
-Python is bounded by buckets, models, projects and keys, never by the number of requests.
-Latency percentiles come from a histogram the database counts (``LATENCY_EDGES``: bins 9% wide,
-each with its count, lowest and highest value), read by ``percentiles``: exact where a bin holds
+Every figure is read from the rollups (app/db/rollups.py: per-hour totals kept as the records are
+written), aggregated in SQL, the same SQL on SQLite and PostgreSQL: a report costs buckets times
+projects, models, keys and statuses, never the number of requests. Latency percentiles come from
+the histogram the rollups keep (``LATENCY_EDGES``: bins 9% wide, each with its count, lowest and
+highest value), read by ``percentiles``: exact where a bin holds
 one or two values, otherwise within the bin, so at most 9% off (a database-side percentile would
 need PostgreSQL's ``percentile_cont`` and a second, different path for SQLite, which has none).
-On PostgreSQL every report query stops after ``REPORT_TIMEOUT_MS`` (``reading``)."""
+Reports run on a pool of their own with a statement timeout (app/db/reports.py)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ from typing import Any, TypeVar
 
 from sqlalchemy import ColumnElement, Select, case, func, literal_column, select, text
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import InstrumentedAttribute, Session
+from sqlalchemy.orm import Session
 
-from app.db.models import ApiKey, Project, UsageRecord
+from app.db.models import ApiKey, Project, UsageLatencyRollup, UsageRecord, UsageRollup
+from app.db.rollups import LATENCY_EDGES
 from app.db.timestamps import as_utc, iso
 from app.errors import BackendFailed
 
@@ -31,9 +33,7 @@ T = TypeVar("T")
 S = TypeVar("S", bound=Select[*tuple[Any, ...]])
 REPORT_TIMEOUT_MS = 20_000
 QUERY_CANCELED = "57014"  # PostgreSQL's SQLSTATE for a statement stopped by statement_timeout
-# Latency bins (ms): 0.1 ms to ~10 min, each 2^(1/8) (9%) wider than the last; bin i holds
-# [edge i, edge i+1), the first everything below edge 1, the last everything from the last edge.
-LATENCY_EDGES = tuple(float(f"{0.1 * 2 ** (i / 8):.6g}") for i in range(181))
+__all__ = ["LATENCY_EDGES"]  # the latency bins (app/db/rollups.py), as the charts read them
 STATUS_CLASSES = ("2xx", "3xx", "4xx", "5xx", "other")
 
 
@@ -78,9 +78,10 @@ class Period:
 
 
 def reading(work: Callable[[Session], T]) -> Callable[[Session], T]:
-    """``work`` as a report: its statements stopped after ``REPORT_TIMEOUT_MS`` on PostgreSQL (a
-    period of millions of rows must not hold a connection for minutes), and a stopped one told
-    as such (504, what to do), not as a database that is away."""
+    """``work`` as a report on a session of the caller's: its statements stopped after
+    ``REPORT_TIMEOUT_MS`` on PostgreSQL, and a stopped one told as such (504, what to do), not as
+    a database that is away. The app's reports run on the report pool instead (app/db/reports.py,
+    ``Components.in_report``), which does this with ARBITER_REPORT_TIMEOUT_SECONDS."""
     def bounded(session: Session) -> T:
         limit(session, REPORT_TIMEOUT_MS)
         with translated():
@@ -105,14 +106,14 @@ def translated() -> Iterator[None]:
                                  "stopped; choose a shorter period, one project or one key.") from exc
 
 
-def bucket(session: Session, hourly: bool) -> ColumnElement[Any]:
-    """A record's UTC day or hour, in SQL; ``label`` names it. PostgreSQL truncates the UTC time
-    (its own conversion would use the session's TimeZone; date_trunc costs half of to_char);
-    SQLite keeps the UTC time as text, and gives the label itself."""
+def bucket(session: Session, hourly: bool, at: Any = UsageRollup.hour) -> ColumnElement[Any]:
+    """A rollup's (or a record's) UTC day or hour, in SQL; ``label`` names it. PostgreSQL truncates
+    the UTC time (its own conversion would use the session's TimeZone); SQLite keeps the UTC time
+    as text, and gives the label itself."""
     if session.get_bind().dialect.name == "postgresql":
         unit = "'hour'" if hourly else "'day'"
-        return func.date_trunc(literal_column(unit), func.timezone(literal_column("'UTC'"), UsageRecord.at))
-    return func.strftime(literal_column("'%Y-%m-%d %H:00'" if hourly else "'%Y-%m-%d'"), UsageRecord.at)
+        return func.date_trunc(literal_column(unit), func.timezone(literal_column("'UTC'"), at))
+    return func.strftime(literal_column("'%Y-%m-%d %H:00'" if hourly else "'%Y-%m-%d'"), at)
 
 
 def label(value: Any, hourly: bool) -> str:
@@ -122,12 +123,30 @@ def label(value: Any, hourly: bool) -> str:
     return str(value)
 
 
-def scoped(query: S, period: Period | None, project: str | None, projects: Collection[str] | None) -> S:
-    """``query`` over the ledger (joined to its project) kept to ``period``, ``project`` and the
-    ``projects`` a project-admin sees (None: every project, and records of deleted projects)."""
+def project_ids(session: Session, project: str | None, projects: Collection[str] | None) -> list[int] | None:
+    """The ids of ``project`` among ``projects`` (a project-admin's), or None for every project
+    (and what no project owns any more): reports filter on the id, and its index."""
+    if project is None and projects is None:
+        return None
+    names = {project} if project is not None else set(projects or ())
+    if projects is not None:
+        names &= set(projects)
+    if not names:
+        return []
+    return sorted(session.scalars(select(Project.id).where(Project.name.in_(sorted(names)))))
+
+
+def scoped(query: S, period: Period | None, project: str | None, projects: Collection[str] | None,
+           session: Session | None = None) -> S:
+    """``query`` over the raw ledger (joined to its project) kept to ``period``, ``project`` and the
+    ``projects`` a project-admin sees (None: every project, and records of deleted projects). With
+    ``session``, the projects are found first and the rows by their project's id (its index)."""
     query = query.select_from(UsageRecord).outerjoin(Project, Project.id == UsageRecord.project_id)
     if period is not None:
         query = query.where(UsageRecord.at >= period.start, UsageRecord.at < period.end)
+    if session is not None:
+        ids = project_ids(session, project, projects)
+        return query if ids is None else query.where(UsageRecord.project_id.in_(ids))
     if project is not None:
         query = query.where(Project.name == project)
     if projects is not None:
@@ -135,24 +154,46 @@ def scoped(query: S, period: Period | None, project: str | None, projects: Colle
     return query
 
 
+def rolled(session: Session, query: S, start: dt.datetime | None, end: dt.datetime | None,
+           project: str | None, projects: Collection[str] | None, table: Any = UsageRollup) -> S:
+    """``query`` over the rollups (``table``, joined to their project) from ``start`` to ``end``,
+    kept to ``project`` and ``projects`` as ``scoped`` keeps the records."""
+    query = query.select_from(table).outerjoin(Project, Project.id == table.project_id)
+    if start is not None:
+        query = query.where(table.hour >= start)
+    if end is not None:
+        query = query.where(table.hour < end)
+    ids = project_ids(session, project, projects)
+    return query if ids is None else query.where(table.project_id.in_(ids))
+
+
 def _class_counts() -> list[Any]:
-    status = UsageRecord.status
+    status, n = UsageRollup.status, UsageRollup.requests
     ranges = {"2xx": (200, 299), "3xx": (300, 399), "4xx": (400, 499), "5xx": (500, 599)}
-    counts = [func.sum(case((status.between(low, high), 1), else_=0)).label(f"s{name}")
+    counts = [func.sum(case((status.between(low, high), n), else_=0)).label(f"s{name}")
               for name, (low, high) in ranges.items()]
-    counts.append(func.sum(case((status.between(200, 599), 0), else_=1)).label("sother"))
+    counts.append(func.sum(case((status.between(200, 599), 0), else_=n)).label("sother"))
     return counts
+
+
+def _sums() -> list[Any]:
+    r = UsageRollup
+    return [func.sum(r.requests).label("requests"), func.sum(r.input_tokens).label("input_tokens"),
+            func.sum(r.output_tokens).label("output_tokens")]
+
+
+def mean_latency(row: Any, digits: int) -> float:
+    """The mean latency of a group of rollups: the sum of their latencies over their requests."""
+    return round(float(row.latency_ms or 0) / int(row.requests), digits) if row.requests else 0.0
 
 
 def series(session: Session, period: Period, *, project: str | None = None,
            projects: Collection[str] | None = None) -> list[dict[str, Any]]:
     """Per bucket and model: requests, tokens, and requests per status class (``STATUS_CLASSES``)."""
     at = bucket(session, period.hourly)
-    query = scoped(select(at.label("bucket"), UsageRecord.model, func.count().label("requests"),
-                          func.sum(UsageRecord.input_tokens).label("input_tokens"),
-                          func.sum(UsageRecord.output_tokens).label("output_tokens"), *_class_counts()),
-                   period, project, projects).group_by(at, UsageRecord.model)
-    return [{"bucket": label(row.bucket, period.hourly), "model": row.model, "requests": row.requests,
+    query = rolled(session, select(at.label("bucket"), UsageRollup.model, *_sums(), *_class_counts()),
+                   period.start, period.end, project, projects).group_by(at, UsageRollup.model)
+    return [{"bucket": label(row.bucket, period.hourly), "model": row.model, "requests": int(row.requests),
              "input_tokens": int(row.input_tokens or 0), "output_tokens": int(row.output_tokens or 0),
              "statuses": {name: int(getattr(row, f"s{name}") or 0) for name in STATUS_CLASSES}}
             for row in session.execute(query)]
@@ -161,15 +202,14 @@ def series(session: Session, period: Period, *, project: str | None = None,
 def totals(session: Session, period: Period, *, project: str | None = None,
            projects: Collection[str] | None = None) -> list[dict[str, Any]]:
     """Per project and model over the period: requests, tokens, errors (4xx and 5xx), mean latency."""
-    query = scoped(select(Project.name.label("project"), UsageRecord.model, func.count().label("requests"),
-                          func.sum(UsageRecord.input_tokens).label("input_tokens"),
-                          func.sum(UsageRecord.output_tokens).label("output_tokens"),
-                          func.sum(case((UsageRecord.status >= 400, 1), else_=0)).label("errors"),
-                          func.avg(UsageRecord.latency_ms).label("mean_latency_ms")),
-                   period, project, projects).group_by(Project.name, UsageRecord.model)
-    rows = [{"project": row.project, "model": row.model, "requests": row.requests,
+    r = UsageRollup
+    query = rolled(session, select(Project.name.label("project"), r.model, *_sums(),
+                                   func.sum(case((r.status >= 400, r.requests), else_=0)).label("errors"),
+                                   func.sum(r.latency_ms).label("latency_ms")),
+                   period.start, period.end, project, projects).group_by(Project.name, r.model)
+    rows = [{"project": row.project, "model": row.model, "requests": int(row.requests),
              "input_tokens": int(row.input_tokens or 0), "output_tokens": int(row.output_tokens or 0),
-             "errors": int(row.errors or 0), "mean_latency_ms": round(float(row.mean_latency_ms or 0), 1)}
+             "errors": int(row.errors or 0), "mean_latency_ms": mean_latency(row, 1)}
             for row in session.execute(query)]
     return sorted(rows, key=lambda r: (r["project"] is None, r["project"] or "", r["model"]))
 
@@ -179,52 +219,27 @@ def totals_per_bucket(session: Session, period: Period, *, project: str | None =
     """Per bucket, project and model (the totals' CSV): requests, tokens, the status classes and
     the mean latency; oldest first."""
     at = bucket(session, period.hourly)
-    query = scoped(select(at.label("bucket"), Project.name.label("project"), UsageRecord.model,
-                          func.count().label("requests"),
-                          func.sum(UsageRecord.input_tokens).label("input_tokens"),
-                          func.sum(UsageRecord.output_tokens).label("output_tokens"), *_class_counts(),
-                          func.avg(UsageRecord.latency_ms).label("mean_latency_ms")),
-                   period, project, projects).group_by(at, Project.name, UsageRecord.model)
+    r = UsageRollup
+    query = rolled(session, select(at.label("bucket"), Project.name.label("project"), r.model, *_sums(),
+                                   *_class_counts(), func.sum(r.latency_ms).label("latency_ms")),
+                   period.start, period.end, project, projects).group_by(at, Project.name, r.model)
     rows = [{"bucket": label(row.bucket, period.hourly), "project": row.project, "model": row.model,
-             "requests": row.requests,
+             "requests": int(row.requests),
              "input_tokens": int(row.input_tokens or 0), "output_tokens": int(row.output_tokens or 0),
              **{name: int(getattr(row, f"s{name}") or 0) for name in STATUS_CLASSES},
-             "mean_latency_ms": round(float(row.mean_latency_ms or 0), 3)}
+             "mean_latency_ms": mean_latency(row, 3)}
             for row in session.execute(query)]
     return sorted(rows, key=lambda r: (r["bucket"], r["project"] or "", r["model"]))
-
-
-def _bin(value: ColumnElement[Any] | InstrumentedAttribute[Any], low: int, high: int,
-         edge: Callable[[float], str]) -> ColumnElement[Any]:
-    """The bin of ``value`` among bins ``low`` to ``high - 1`` as a nested CASE: a binary search,
-    so a row costs eight comparisons, not one per bin. The edges are this module's constants,
-    written into the SQL (no parameters: PostgreSQL groups by the expression)."""
-    if high - low == 1:
-        return literal_column(str(low))
-    middle = (low + high) // 2
-    return case((value < literal_column(edge(LATENCY_EDGES[middle])), _bin(value, low, middle, edge)),
-                else_=_bin(value, middle, high, edge))
-
-
-def _edge_literal(session: Session) -> Callable[[float], str]:
-    """An edge as SQL: on PostgreSQL a double precision constant (a bare 0.109051 is numeric, and
-    comparing a float with it converts the float, row by row); SQLite's is a REAL already."""
-    if session.get_bind().dialect.name == "postgresql":
-        return lambda value: f"CAST({value!r} AS DOUBLE PRECISION)"
-    return repr
 
 
 def latency_bins(session: Session, period: Period, *, project: str | None = None,
                  projects: Collection[str] | None = None) -> dict[str, list[tuple[int, int, float, float]]]:
     """Per bucket, the latency histogram: (bin, count, lowest, highest) of every bin that has values."""
-    edge = _edge_literal(session)
-    inner = scoped(select(bucket(session, period.hourly).label("bucket"),
-                          _bin(UsageRecord.latency_ms, 0, len(LATENCY_EDGES), edge).label("bin"),
-                          UsageRecord.latency_ms.label("latency")),
-                   period, project, projects).subquery()
-    query = (select(inner.c.bucket, inner.c.bin, func.count().label("n"), func.min(inner.c.latency).label("low"),
-                    func.max(inner.c.latency).label("high"))
-             .group_by(inner.c.bucket, inner.c.bin))
+    h = UsageLatencyRollup
+    at = bucket(session, period.hourly, h.hour)
+    query = rolled(session, select(at.label("bucket"), h.bin, func.sum(h.requests).label("n"),
+                                   func.min(h.low).label("low"), func.max(h.high).label("high")),
+                   period.start, period.end, project, projects, h).group_by(at, h.bin)
     found: dict[str, list[tuple[int, int, float, float]]] = {}
     for row in session.execute(query):
         found.setdefault(label(row.bucket, period.hourly), []).append(
@@ -275,15 +290,14 @@ def per_key(session: Session, period: Period, project: str) -> list[dict[str, An
     found = session.scalars(select(Project).where(Project.name == project)).first()
     if found is None:
         return []
-    usage = (select(UsageRecord.key_id, func.count().label("requests"),
-                    func.sum(UsageRecord.input_tokens).label("input_tokens"),
-                    func.sum(UsageRecord.output_tokens).label("output_tokens"),
-                    func.sum(case((UsageRecord.status >= 400, 1), else_=0)).label("errors"),
-                    func.sum(case((UsageRecord.status == 429, 1), else_=0)).label("rate_limited"),
-                    func.avg(UsageRecord.latency_ms).label("mean_latency_ms"))
-             .where(UsageRecord.project_id == found.id, UsageRecord.at >= period.start, UsageRecord.at < period.end)
-             .group_by(UsageRecord.key_id))
-    counted = {row.key_id: row for row in session.execute(usage)}
+    r = UsageRollup
+    usage = (select(r.key_id, *_sums(),
+                    func.sum(case((r.status >= 400, r.requests), else_=0)).label("errors"),
+                    func.sum(case((r.status == 429, r.requests), else_=0)).label("rate_limited"),
+                    func.sum(r.latency_ms).label("latency_ms"))
+             .where(r.project_id == found.id, r.hour >= period.start, r.hour < period.end)
+             .group_by(r.key_id))
+    counted = {row.key_id or None: row for row in session.execute(usage)}  # 0: no key (gone since)
     keys = session.scalars(select(ApiKey).where(ApiKey.project_id == found.id).order_by(ApiKey.id))
     rows = [_key_row(key.id, key, counted.pop(key.id, None)) for key in keys]
     rows += [_key_row(key_id, None, row) for key_id, row in counted.items()]  # keys gone since
@@ -300,9 +314,9 @@ def _key_row(key_id: int | None, key: ApiKey | None, usage: Any) -> dict[str, An
     return {"key_id": key_id, "name": key.name if key else "",
             "shown": f"{key.prefix}…{key.last_four}" if key else "", "state": state,
             "last_used_at": iso(key.last_used_at) if key else None,
-            "requests": int(usage.requests) if usage else 0,
+            "requests": int(usage.requests or 0) if usage else 0,
             "input_tokens": int(usage.input_tokens or 0) if usage else 0,
             "output_tokens": int(usage.output_tokens or 0) if usage else 0,
             "errors": int(usage.errors or 0) if usage else 0,
             "rate_limited": int(usage.rate_limited or 0) if usage else 0,
-            "mean_latency_ms": round(float(usage.mean_latency_ms or 0), 1) if usage else None}
+            "mean_latency_ms": mean_latency(usage, 1) if usage else None}

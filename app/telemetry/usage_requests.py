@@ -4,6 +4,7 @@ some filters, newest first and paged by id; one request by the id its caller got
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -91,7 +92,32 @@ def page(session: Session, filters: Filters, period: Period, *, projects: Collec
          before_id: int | None = None, limit: int = PAGE) -> list[dict[str, Any]]:
     """The latest ``limit`` requests of ``period`` that match ``filters`` (older than ``before_id``
     when given), newest first; ``projects`` keeps a project-admin's."""
-    query = _rows(scoped(_columns(), period, filters.project, projects))
+    query = _matching(session, filters, period, projects)
+    if before_id is not None:
+        query = query.where(UsageRecord.id < before_id)
+    return [_view(row) for row in session.execute(query.order_by(UsageRecord.id.desc()).limit(limit))]
+
+
+def export(session: Session, filters: Filters, period: Period, *, projects: Collection[str] | None = None,
+           before: tuple[dt.datetime, int] | None = None, limit: int = PAGE) -> list[dict[str, Any]]:
+    """As ``page``, newest first by time (then id), for a download: the next page starts after the
+    last row's (time, id), ``before``, found along the time index (``ix_usage_project_at`` for a
+    project): each page reads its own rows only, so a whole download is linear in its rows."""
+    query = _matching(session, filters, period, projects)
+    if before is not None:
+        at, last = before
+        query = query.where(UsageRecord.at <= at, or_(UsageRecord.at < at, UsageRecord.id < last))
+    newest = query.order_by(UsageRecord.at.desc(), UsageRecord.id.desc()).limit(limit)
+    return [_view(row) for row in session.execute(newest)]
+
+
+def position(row: dict[str, Any]) -> tuple[dt.datetime, int]:
+    """Where ``export``'s next page starts: after ``row``."""
+    return row["time"], row["id"]
+
+
+def _matching(session: Session, filters: Filters, period: Period, projects: Collection[str] | None) -> Any:
+    query = _rows(scoped(_columns(), period, filters.project, projects, session))
     if filters.key_id is not None:
         query = query.where(UsageRecord.key_id == filters.key_id)
     if filters.model is not None:
@@ -99,15 +125,13 @@ def page(session: Session, filters: Filters, period: Period, *, projects: Collec
     status = filters.status_range()
     if status is not None:
         query = query.where(UsageRecord.status.between(*status))
-    if before_id is not None:
-        query = query.where(UsageRecord.id < before_id)
-    return [_view(row) for row in session.execute(query.order_by(UsageRecord.id.desc()).limit(limit))]
+    return query
 
 
 def with_request_id(session: Session, request_id: str, *,
                     projects: Collection[str] | None = None) -> list[dict[str, Any]]:
     """Every record (up to ``SAME_ID``, newest first) of the request whose caller got ``request_id``."""
-    query = _rows(scoped(_columns(), None, None, projects)).where(UsageRecord.request_id == request_id)
+    query = _rows(scoped(_columns(), None, None, projects, session)).where(UsageRecord.request_id == request_id)
     return [_view(row) for row in session.execute(query.order_by(UsageRecord.id.desc()).limit(SAME_ID))]
 
 
@@ -122,7 +146,8 @@ def _rows(query: Any) -> Any:
 
 def _view(row: Any) -> dict[str, Any]:
     record: UsageRecord = row[0]
-    return {"id": record.id, "at": iso(record.at), "request_id": record.request_id, "project": row.project,
+    return {"id": record.id, "at": iso(record.at), "time": record.at, "request_id": record.request_id,
+            "project": row.project,
             "key_id": record.key_id, "key": f"{row.prefix}…{row.last_four}" if row.prefix else "",
             "key_name": row.key_name or "", "operation": record.operation, "model": record.model,
             "alias": record.alias, "provider": record.provider, "status": record.status,

@@ -41,6 +41,12 @@ def _days(value: str, default: int = 14) -> int:
     return int(value) if ascii_digits(value) and int(value) in PERIODS else default
 
 
+def _what(period: Period, project: str | None) -> str:
+    """The report's range, for a 504's advice to narrow it."""
+    span = "the last 24 hours" if period.hourly else f"{(period.end - period.start).days} days"
+    return f"{span} of {project!r}" if project else f"{span} of every project"
+
+
 def _visible(admin: Admin) -> frozenset[str] | None:
     return roles.visible_projects(admin.principal) if admin.principal is not None else frozenset()
 
@@ -64,7 +70,7 @@ async def usage_page(request: Request, project: str = "", days: str = "14") -> R
                 "bins": usage_report.latency_bins(s, period, project=chosen, projects=visible),
                 "totals": usage_report.totals(s, period, project=chosen, projects=visible),
                 "recent": usage.recent(s, project=chosen, limit=50, projects=visible)}
-    found = await components(request).in_session(usage_report.reading(work))
+    found = await components(request).in_report(work, who=admin.key_id, what=_what(period, project))
     buckets, hourly = period.buckets(), period.hourly
     return render(request, "usage.html", admin, projects=list(found["names"]),
                   project=found["chosen"] or "", days=_days(days), periods=PERIODS, period=period,
@@ -87,7 +93,7 @@ async def totals_csv(request: Request, project: str = "", days: str = "14") -> R
         if project and project not in _names(s, visible):
             raise NotFound(f"There is no project named {project[:200]!r} (among the projects you can see).")
         return usage_report.totals_per_bucket(s, period, project=project or None, projects=visible)
-    rows = await components(request).in_session(usage_report.reading(work))
+    rows = await components(request).in_report(work, who=admin.key_id, what=_what(period, project))
     columns = ("hour" if period.hourly else "day", "project", "model", "requests", "input_tokens",
                "output_tokens", *(f"status_{name}" for name in usage_report.STATUS_CLASSES), "mean_latency_ms")
 
@@ -116,7 +122,7 @@ async def keys_page(request: Request, project: str = "", days: str = "14") -> Re
         if project and project not in names:
             raise NotFound(f"There is no project named {project[:200]!r}.")
         return names, usage_report.per_key(s, period, project) if project else []
-    names, keys = await components(request).in_session(usage_report.reading(work))
+    names, keys = await components(request).in_report(work, who=admin.key_id, what=_what(period, project))
     return render(request, "usage_keys.html", admin, projects=list(names), project=project,
                   project_id=names.get(project), days=_days(days), periods=PERIODS, period=period, keys=keys)
 
@@ -170,7 +176,8 @@ async def requests_page(request: Request, project: str = "", key: str = "", mode
         rows = usage_requests.page(s, filters, period, projects=visible, before_id=before,
                                    limit=usage_requests.PAGE + 1) if filters is not None else []
         return names, keys, rows
-    names, keys, rows = await components(request).in_session(usage_report.reading(work))
+    names, keys, rows = await components(request).in_report(work, who=admin.key_id,
+                                                            what=_what(period, filters.project if filters else ""))
     more = len(rows) > usage_requests.PAGE
     rows = rows[:usage_requests.PAGE]
     shown = asked if filters is None else {"project": filters.project or "", "key": str(filters.key_id or ""),
@@ -192,11 +199,11 @@ async def requests_csv(request: Request, project: str = "", key: str = "", model
     period = Period.last(_days(days, 7))
     filters = await _filters(request, admin, project=project, key=key, model=model, status=status)
     c = components(request)
+    what = _what(period, filters.project or "")
 
-    def rows_before(before: int | None) -> Any:
-        return usage_report.reading(lambda s: usage_requests.page(s, filters, period, projects=visible,
-                                                                  before_id=before, limit=CSV_PAGE))
-    first = await c.in_session(rows_before(None))  # a failure here is still an error page
+    def rows_before(before: tuple[Any, int] | None) -> Any:
+        return lambda s: usage_requests.export(s, filters, period, projects=visible, before=before, limit=CSV_PAGE)
+    first = await c.in_report(rows_before(None), who=admin.key_id, what=what)  # a failure here is an error page
 
     async def chunks() -> AsyncIterator[str]:
         yield usage_csv.lines([REQUEST_COLUMNS])
@@ -207,8 +214,8 @@ async def requests_csv(request: Request, project: str = "", key: str = "", model
                                     r["latency_ms"], r["input_tokens"], r["output_tokens"]] for r in rows])
             if len(rows) < CSV_PAGE:
                 return
-            try:
-                rows = await c.in_session(rows_before(rows[-1]["id"]))
+            try:  # the next page after the last row's (time, id): each page reads its own rows only
+                rows = await c.in_report(rows_before(usage_requests.position(rows[-1])), what=what)
             except Exception:
                 # The answer has started: its status cannot change. The download is cut short
                 # (no final chunk), so the browser reports it failed rather than a partial file.
@@ -235,6 +242,6 @@ async def request_page(request: Request, request_id: str = Query("", alias="id")
 
     def work(s: Session) -> tuple[list[dict[str, Any]], dict[str, int]]:
         return usage_requests.with_request_id(s, wanted, projects=visible), _names(s, visible)
-    records, names = await components(request).in_session(usage_report.reading(work))
+    records, names = await components(request).in_report(work, who=admin.key_id, what="one request id")
     return render(request, "usage_request.html", admin, status=200 if records else 404, records=records,
                   wanted=wanted, project_ids=names, same_id=usage_requests.SAME_ID, errors={})

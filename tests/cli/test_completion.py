@@ -27,7 +27,7 @@ comp() {{ words=("$@"); CURRENT=${{#words}}; _arbiter; }}
 """
 CASES = [  # the words typed (the last one is being completed), and what must be offered
     (("arbiter", ""), {"serve", "migrate", "secret", "project", "organization", "key", "admin", "service", "model",
-                       "alias", "emulate", "completion"}),
+                       "alias", "emulate", "completion", "usage"}),
     (("arbiter", "pro"), {"project"}),
     (("arbiter", "project", ""), {"create", "list", "show", "set", "archive", "unarchive"}),
     (("arbiter", "organization", ""), {"create", "list", "show", "rename"}),

@@ -269,6 +269,7 @@ class UsageRow(BaseModel):
 
 class UsageSummary(BaseModel):
     data: list[UsageRow]
+    next: str | None = Field(None, description="the cursor of the next page (pass it as ?cursor=), null on the last")
 
 
 class RecentRequest(BaseModel):

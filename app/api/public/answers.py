@@ -38,6 +38,7 @@ class ProjectUsage(BaseModel):
     since: str | None = Field(description="the first day counted, or null for all")
     until: str | None
     data: list[UsageRow]
+    next: str | None = Field(None, description="the cursor of the next page (pass it as ?cursor=), null on the last")
 
 
 class Alive(BaseModel):

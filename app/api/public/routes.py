@@ -18,6 +18,7 @@ from app.services import model_list
 from app.telemetry import usage
 
 router = APIRouter()
+USAGE_PAGE = 1000  # rows of /v1/usage a page unless asked otherwise
 
 
 @router.get("/v1/models", **answer(ModelListing))
@@ -29,18 +30,27 @@ async def list_models(principal: ProjectDep, components: ComponentsDep) -> dict[
 @router.get("/v1/usage", **answer(ProjectUsage))
 async def project_usage(principal: ProjectDep, components: ComponentsDep, since: dt.date | None = None,
                         until: dt.date | None = None,
-                        days: Annotated[int | None, Query(ge=1, le=3660)] = None) -> dict[str, Any]:
+                        days: Annotated[int | None, Query(ge=1, le=3660)] = None,
+                        limit: Annotated[int, Query(ge=1, le=10_000)] = USAGE_PAGE,
+                        cursor: str | None = None) -> dict[str, Any]:
     """The key's own project's usage per day and model: the admin API's query (GET
     /admin/projects/{name}/usage), for the project only. ``days``: the last N UTC days, today
-    included, instead of ``since``."""
+    included, instead of ``since``. ``limit`` rows a page; ``next`` is the ``cursor`` of the next.
+    Read on the report pool, at most ARBITER_USAGE_READS_PER_MINUTE a minute per key."""
     if days is not None:
         if since is not None:
             raise InvalidRequest("give either days or since, not both")
         since = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=days - 1)
     name = principal.project_name or ""
-    rows = await components.in_session(lambda s: usage.summary(s, project=name, since=since, until=until))
+    after = usage.after_cursor(cursor) if cursor else None
+    rows = await components.in_report(
+        lambda s: usage.summary(s, project=name, since=since, until=until, limit=limit + 1, after=after),
+        who=principal.key_id, what=f"{since or 'the first day'} to {until or 'today'}")
+    more = len(rows) > limit
+    rows = rows[:limit]
     return {"project": name, "since": since.isoformat() if since else None,
-            "until": until.isoformat() if until else None, "data": rows}
+            "until": until.isoformat() if until else None, "data": rows,
+            "next": usage.cursor(rows[-1]) if more else None}
 
 
 @router.get("/healthz", **answer(Alive))
