@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime as dt
+import json
 import logging
 import os
 import time
