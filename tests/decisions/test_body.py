@@ -450,16 +450,16 @@ def test_what_a_body_grows_to_is_reserved_from_the_budget(encoding: str) -> None
     data = bytes(5 * MiB)
     packed = gzip.compress(data) if encoding == "gzip" else zstd(data)
     budget = DecodeBudget(64 * MiB)
-    grown = budget.reservation()
+    grown = budget.reservation(1)
     assert read([packed], encoding, 32 * MiB, grow=grown) == data
     assert grown.held == budget.used == 4 * MiB  # past the first, free MiB
-    others = budget.reservation()
-    others.take(58 * MiB)  # with the first body's 4: 62 of 64 held
+    budget.reservation(2).take(28 * MiB)  # another project: at most half of the budget
+    budget.reservation(3).take(30 * MiB)  # and a third: 62 of 64 held
     with pytest.raises(BackendFailed) as refused:
-        read([packed], encoding, 32 * MiB, grow=budget.reservation())
+        read([packed], encoding, 32 * MiB, grow=budget.reservation(1))
     assert refused.value.status == 503
     small = read([zstd(JSON) if encoding == "zstd" else gzip.compress(JSON)], encoding, 1024,
-                 grow=budget.reservation())
+                 grow=budget.reservation(1))
     assert small == JSON  # the hot path's bodies take none of it
 
 

@@ -10,7 +10,7 @@ from app.errors import BackendFailed
 
 def test_requests_share_the_budget_and_give_it_back() -> None:
     budget = DecodeBudget(100)
-    first, second = budget.reservation(), budget.reservation()
+    first, second = budget.reservation(1), budget.reservation(2)  # two projects
     first.take(60)
     second.take(40)
     with pytest.raises(BackendFailed) as refused:
@@ -18,8 +18,8 @@ def test_requests_share_the_budget_and_give_it_back() -> None:
     assert refused.value.status == 503 and refused.value.headers["Retry-After"] == "1"
     assert budget.used == 100 and budget.refused == 1
     first.release()
-    second.take(50)
-    assert budget.used == 90
+    second.take(10)  # alone now: past its project's half too
+    assert budget.used == 50
     second.release()
     second.release()  # twice changes nothing
     assert budget.used == 0
