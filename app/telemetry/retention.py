@@ -306,8 +306,8 @@ class UsageMaintenance:
                         wait = min(self.interval, SOON)
             except asyncio.CancelledError:
                 raise
-            except Exception:  # the database may be away: the next run tries again
-                log.exception("usage maintenance failed; it goes on at the next interval")
+            except Exception as exc:  # noqa: BLE001 - the database may be away: the next run tries again
+                log.warning("usage maintenance failed; it goes on at the next interval: %s", exc)
 
     def release(self) -> None:
         lease.release(self._database, LEASE)
