@@ -28,6 +28,7 @@ from app.services.sync import SyncLoop
 from app.settings import Settings
 from app.telemetry.metrics import Metrics, backend_labels
 from app.telemetry.observer import Observer
+from app.telemetry.retention import Outcome, UsageMaintenance
 from app.telemetry.spool import Journal
 from app.telemetry.spool_watch import SpoolWatch
 from app.telemetry.tracing import Tracing, provider_from_environment
@@ -97,6 +98,13 @@ class Components:
         self.ledger = UsageLedger(self.database, on_dropped=self.metrics.usage_dropped.inc, journal=journal,
                                   on_write_error=self.metrics.usage_write_errors.inc)
         self.spool_watch = SpoolWatch(spool_dir, mine=journal.owner)
+        # Day partitions, the previous release's rows, retention: on the lease holder only.
+        self.maintenance = UsageMaintenance(self.database, interval=settings.usage_maintenance_interval,
+                                            retention_days=settings.usage_retention_days,
+                                            rollup_retention_days=settings.rollup_retention_days,
+                                            on_run=self._maintained)
+        if self.database.engine.dialect.name != "postgresql":  # no partitions: no series
+            self.metrics.registry.unregister(self.metrics.usage_partitions)
         # Read at scrape time, as is every service's reachability the registry last read.
         self.metrics.usage_pending.set_function(lambda: float(self.ledger.pending))
         self.metrics.usage_spool_records.set_function(lambda: float(self.spool_watch.waiting))
@@ -174,6 +182,7 @@ class Components:
             asyncio.create_task(self.touches.run(self.settings.flush_interval)),
             asyncio.create_task(self.ledger.run(self.settings.flush_interval)),
             asyncio.create_task(self.spool_watch.run()),
+            asyncio.create_task(self.maintenance.run(), name="usage maintenance"),
             # Versions and models are read at start-up (in the background: a slow backend must
             # not hold the gateway's start) and then on a schedule.
             asyncio.create_task(self.sync.run(self.settings.sync_interval)),
@@ -213,6 +222,7 @@ class Components:
             ("sync", lambda: self.sync.settled(TASKS_STOP_TIMEOUT)),
             # (Never started, while the database was away: it holds no lease.)
             ("sync lease", lambda: asyncio.to_thread(self.sync.release) if self.loaded else _nothing()),
+            ("usage maintenance", lambda: self._stop_maintenance() if self.loaded else _nothing()),
             ("admin calls", self.admin.aclose),
             ("replica heartbeat", lambda: asyncio.to_thread(self.replica_count.release)),
             ("key re-reads", self.keys.aclose),
@@ -236,6 +246,17 @@ class Components:
             thread.join(timeout=5)
         self.reports.dispose()
         self.database.dispose()
+
+    def _maintained(self, outcome: Outcome) -> None:
+        if outcome.partitions is not None:
+            self.metrics.usage_partitions.set(outcome.partitions)
+        if outcome.deleted:
+            self.metrics.usage_retention_deleted.inc(outcome.deleted)
+
+    async def _stop_maintenance(self) -> None:
+        """Its step under way ends on its own (a short transaction), then its lease goes."""
+        await self.maintenance.settled(TASKS_STOP_TIMEOUT)
+        await asyncio.to_thread(self.maintenance.release)
 
     async def _close_ledger(self) -> None:
         # The last requests' records first: a request the server cancelled at its graceful

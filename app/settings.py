@@ -191,6 +191,17 @@ class Settings(BaseSettings):
         "interval", description="'always': a decision's usage record is fsynced to the journal before its "
         "answer is sent (needs ARBITER_USAGE_SPOOL_DIR); 'interval': every ARBITER_USAGE_FSYNC_INTERVAL.")
 
+    # Usage maintenance (app/telemetry/retention.py): on one replica at a time.
+    usage_maintenance_interval: float = Field(
+        3600.0, gt=0, description="Seconds between two runs of the usage maintenance (day partitions, the "
+        "previous release's rows, retention); the first run comes soon after start.")
+    usage_retention_days: int = Field(
+        90, ge=0, description="Days usage records are kept (whole UTC days on PostgreSQL: a day's partition "
+        "goes once all of it is older); 0 keeps them forever.")
+    rollup_retention_days: int = Field(
+        730, ge=0, description="Days the hourly usage rollups (every report's totals) are kept; 0 keeps them "
+        "forever.")
+
     # Usage reports (every usage page, API and CSV): a pool of their own, never the hot path's.
     report_pool_size: int = Field(
         2, ge=1, le=64, description="Database connections (and threads) usage reports run on, apart from "

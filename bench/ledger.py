@@ -9,8 +9,10 @@ of them dormant: a few rows, all old), three keys each and four models, by COPY;
 rollups a day at a time (what migration 0017 does), then starts ``arbiter serve`` and the Ollama
 emulator and prints:
 
-- the seconds to fill and to build the rollups, and the bytes per usage row (the table and its
-  indexes; then the rollups' bytes per usage row);
+- the seconds to fill and to build the rollups, and the bytes per usage row (``usage_ledger``, every
+  day partition with its indexes; then the rollups' bytes per usage row);
+- retention of one day: the milliseconds to drop the oldest day's partition of the filled table
+  (app/telemetry/retention.py's step), and its rows;
 - the p50 and p95 of every usage read, over HTTP: the web UI's usage pages (24 hours, 30 and 90
   days), usage per key, the totals CSV of 90 days, /admin/usage (all time, first page),
   /admin/projects/{p}/usage, /v1/usage?days=90, the latest requests of the dormant project, and
@@ -65,6 +67,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--database", default="postgresql://postgres@127.0.0.1:5432/postgres",
                         help="a PostgreSQL server (any database on it): the bench makes one of its own there")
     parser.add_argument("--keep", action="store_true", help="leave the database behind")
+    parser.add_argument("--no-reads", action="store_true",
+                        help="fill, size and retention only: no server, no usage reads, no storm")
     return parser.parse_args()
 
 
@@ -75,7 +79,7 @@ def fill(url: str, rows: int, days: int, ids: dict[str, int], keys: dict[str, li
     started = time.monotonic()
     busy = [p for p in PROJECTS if p != "dormant"]
     with psycopg.connect(url) as connection, connection.cursor() as cursor:
-        with cursor.copy("COPY usage_records (at, request_id, project_id, key_id, operation, model, provider, status, "
+        with cursor.copy("COPY usage_ledger (at, request_id, project_id, key_id, operation, model, provider, status, "
                          "input_tokens, output_tokens, latency_ms, record_uid, alias) FROM STDIN") as copy:
             for i in range(rows):
                 project = "dormant" if i % 100_000 == 0 else busy[i % 4 if i % 10 else 0]  # alpha: the busiest
@@ -87,7 +91,7 @@ def fill(url: str, rows: int, days: int, ids: dict[str, int], keys: dict[str, li
                                 draw.randint(50, 900), draw.randint(1, 40), round(draw.lognormvariate(3, 0.8), 3),
                                 f"{i:032x}", "fast" if i % 13 == 0 else None))
         connection.commit()
-        cursor.execute("ANALYZE usage_records")
+        cursor.execute("ANALYZE usage_ledger")
         connection.commit()
     return time.monotonic() - started
 
@@ -95,10 +99,51 @@ def fill(url: str, rows: int, days: int, ids: dict[str, int], keys: dict[str, li
 def sizes(url: str) -> dict[str, int]:
     with psycopg.connect(url) as connection:
         found = {}
-        for table in ("usage_records", "usage_rollups", "usage_latency_rollups"):
-            found[table] = int(connection.execute(f"SELECT pg_total_relation_size('{table}')").fetchone()[0])
+        for table in ("usage_ledger", "usage_rollups", "usage_latency_rollups"):
+            # A partitioned table's own size is 0: the sum over its partitions (and their indexes).
+            found[table] = int(connection.execute(
+                f"SELECT COALESCE((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('{table}')), "
+                f"pg_total_relation_size('{table}'))").fetchone()[0])
             found[f"{table}.rows"] = int(connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
         return found
+
+
+def partitions(url: str, days: int) -> int:
+    """A day partition for every day the fill spans (the maintenance's step 1 made them as the days came)."""
+    from app.db.session import Database
+    from app.telemetry import retention
+
+    database = Database(url)
+    today = dt.datetime.now(dt.UTC).date()
+    for back in range(days + 1):
+        retention.ensure_partitions(database.engine, today - dt.timedelta(days=back), retention.Outcome())
+    total = len(retention.day_partitions(database.engine))
+    database.dispose()
+    return total
+
+
+def retain(url: str, days: int) -> None:
+    """Retention of one day: the oldest day's partition dropped (retention.drop_old_partitions)."""
+    from app.db.session import Database
+    from app.telemetry import retention
+
+    database = Database(url)
+    with psycopg.connect(url) as connection:  # the first whole day of the fill (its first is a part of one)
+        first = connection.execute("SELECT min(at) FROM usage_ledger").fetchone()[0].astimezone(dt.UTC).date()
+        oldest = first + dt.timedelta(days=1)
+        name = retention.day_partitions(database.engine)[oldest]
+        rows = int(connection.execute(f"SELECT count(*) FROM {name}").fetchone()[0])
+    # The days before it first (not timed): the step below drops that one day.
+    retention.drop_old_partitions(database.engine, dt.datetime.combine(oldest, dt.time(), dt.UTC),
+                                  retention.Outcome())
+    cutoff = dt.datetime.combine(oldest + dt.timedelta(days=1), dt.time(), dt.UTC)
+    outcome = retention.Outcome()
+    started = time.perf_counter()
+    retention.drop_old_partitions(database.engine, cutoff, outcome)
+    took = (time.perf_counter() - started) * 1000
+    database.dispose()
+    print(f"retention of one day: {name} ({rows:,} rows) dropped in {took:.1f} ms "
+          f"({', '.join(outcome.dropped)})")
 
 
 def build_rollups(url: str) -> float:
@@ -108,7 +153,7 @@ def build_rollups(url: str) -> float:
     database = Database(url)
     started = time.monotonic()
     with psycopg.connect(url) as connection:
-        first, last = connection.execute("SELECT min(at), max(at) FROM usage_records").fetchone()
+        first, last = connection.execute("SELECT min(at), max(at) FROM usage_ledger").fetchone()
     for start, end in rollups.days(first.astimezone(dt.UTC).date(), last.astimezone(dt.UTC).date()):
         with database.engine.begin() as connection:
             rollups.rebuild(connection, start, end)
@@ -219,6 +264,8 @@ def main() -> int:
         from app.db import migrate
         migrate.upgrade(sqlalchemy_url)
         ids, keys, secrets = provision(sqlalchemy_url)
+        made = partitions(sqlalchemy_url, args.days)
+        print(f"{made} day partitions (every day of the fill, as the maintenance makes them)")
         seconds = fill(url, args.rows, args.days, ids, keys)
         print(f"filled {args.rows:,} usage rows over {args.days} days in {seconds:.1f} s "
               f"({args.rows / seconds:,.0f} rows/s, COPY)")
@@ -226,10 +273,14 @@ def main() -> int:
         print(f"rollups built a day at a time (migration 0017's work) in {seconds:.1f} s "
               f"({seconds / args.rows * 1e6:.1f} s per million rows)")
         found = sizes(url)
-        per_row = found["usage_records"] / args.rows
+        per_row = found["usage_ledger"] / args.rows
         rolled = (found["usage_rollups"] + found["usage_latency_rollups"]) / args.rows
-        print(f"bytes per usage row: {per_row:.0f} (usage_records with its indexes); rollups add {rolled:.1f} "
-              f"({found['usage_rollups.rows']:,} + {found['usage_latency_rollups.rows']:,} rollup rows)")
+        print(f"bytes per usage row: {per_row:.0f} (usage_ledger, its partitions with their indexes); "
+              f"rollups add {rolled:.1f} ({found['usage_rollups.rows']:,} + "
+              f"{found['usage_latency_rollups.rows']:,} rollup rows)")
+        retain(sqlalchemy_url, args.days)
+        if args.no_reads:
+            return 0
 
         emulator, port = free_port(), free_port()
         for argv in ([sys.executable, "-m", "app.cli", "emulate", "ollama", "--port", str(emulator)],

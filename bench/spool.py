@@ -92,7 +92,7 @@ class Deployment:
 
     def rows(self) -> int:
         with sqlite3.connect(self.database) as connection:
-            return int(connection.execute("select count(*) from usage_records").fetchone()[0])
+            return int(connection.execute("select count(*) from usage_ledger").fetchone()[0])
 
     def connection(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)

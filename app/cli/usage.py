@@ -47,6 +47,10 @@ def _rollup(args: argparse.Namespace) -> int:
         except migrate.NotMigrated as exc:
             print(f"arbiter: {exc}", file=sys.stderr)
             return 2
+        if database.engine.dialect.name == "postgresql":
+            moved = _move_legacy(database)
+            if moved:
+                print(f"{moved} usage records of the previous release moved into usage_ledger first")
         with database.session() as session:
             first = session.scalar(select(func.min(UsageRecord.at)))
         today = dt.datetime.now(dt.UTC).date()
@@ -68,3 +72,17 @@ def _rollup(args: argparse.Namespace) -> int:
         return 0
     finally:
         database.dispose()
+
+
+def _move_legacy(database: Any) -> int:
+    """The rows the previous release wrote into ``usage_records`` (0018), moved into the ledger
+    before they are counted (the maintenance job would, in its own time)."""
+    from app.telemetry import retention
+
+    moved = 0
+    while retention.legacy_rows(database.engine):
+        batch = retention.move_legacy_batch(database.engine)
+        moved += batch
+        if batch < retention.LEGACY_BATCH:
+            break
+    return moved

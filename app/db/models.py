@@ -153,13 +153,20 @@ class ModelInstall(Base):
 
 
 class UsageRecord(Base):
-    """One decision (or chat) request as billed: written in batches, never updated."""
+    """One decision (or chat) request as billed: written in batches, never updated.
 
-    __tablename__ = "usage_records"
-    __table_args__ = (Index("ix_usage_project_at", "project_id", "at"), Index("ix_usage_at", "at"),
-                      Index("ux_usage_record_uid", "record_uid", unique=True),
+    The table is ``usage_ledger`` from 0018: on PostgreSQL partitioned by UTC day on ``at``, its
+    primary key (id, at) there (a partitioned table's keys hold its partition key), and old days
+    dropped whole (app/telemetry/retention.py). Rows the previous release wrote into
+    ``usage_records`` are moved here by that job, keeping their ids (one sequence for both)."""
+
+    __tablename__ = "usage_ledger"
+    __table_args__ = (Index("ix_usage_ledger_project_at", "project_id", "at"), Index("ix_usage_ledger_at", "at"),
+                      # With ``at``: a unique index of a partitioned table holds the partition key. A
+                      # record's ``at`` is fixed when it is made, so a replayed batch still adds nothing.
+                      Index("ux_usage_ledger_record_uid", "record_uid", "at", unique=True),
                       # The web UI finds a request by the X-Request-Id its caller got (0013).
-                      Index("ix_usage_request_id", "request_id"))
+                      Index("ix_usage_ledger_request_id", "request_id"))
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))

@@ -118,6 +118,14 @@ class Metrics:
         self.usage_spool_write_errors = Counter(
             "arbiter_usage_spool_write_errors", "Writes of the usage spool that failed (a full volume: "
             "ENOSPC); the records wait in memory and are tried again.", registry=self.registry)
+        self.usage_partitions = Gauge(
+            "arbiter_usage_partitions", "Day partitions of the usage ledger at the last usage maintenance run "
+            "on this replica (PostgreSQL; 0 until this replica holds the maintenance lease).",
+            registry=self.registry)
+        self.usage_retention_deleted = Counter(
+            "arbiter_usage_retention_deleted", "Usage records deleted past ARBITER_USAGE_RETENTION_DAYS one by "
+            "one (SQLite, PostgreSQL's default partition); a day partition dropped whole is not counted here.",
+            registry=self.registry)
         # Read at scrape time from what the registry last read of the services (components.py).
         self.service_up = ServiceUp(registry=self.registry)
         self.overhead = LoopHistogram(

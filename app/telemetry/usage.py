@@ -273,10 +273,11 @@ class UsageLedger:
             row = "(" + ", ".join([self._mark] * len(COLUMNS)) + ")"
             # A retried batch whose first COMMIT landed (the answer lost) inserts nothing twice.
             # ON CONFLICT with a target (not SQLite's INSERT OR IGNORE, which would also skip a
-            # NOT NULL violation silently): only a uid already there is skipped.
+            # NOT NULL violation silently): only a uid already there is skipped (with its ``at``:
+            # the unique index of a table partitioned on it holds it; a row's ``at`` never changes).
             # RETURNING: the rows actually stored, the only ones the rollups count.
             sql = (f"INSERT INTO {UsageRecord.__tablename__} ({', '.join(COLUMNS)}) VALUES "
-                   + ", ".join([row] * rows) + " ON CONFLICT (record_uid) DO NOTHING RETURNING record_uid")
+                   + ", ".join([row] * rows) + " ON CONFLICT (record_uid, at) DO NOTHING RETURNING record_uid")
             if len(self._inserts) < 16:
                 self._inserts[rows] = sql
         return sql
@@ -413,7 +414,7 @@ def _utc_day(session: Session) -> Any:
 def recent(session: Session, *, project: str | None = None, limit: int = 50,
            projects: Collection[str] | None = None) -> list[dict[str, Any]]:
     """The latest ``limit`` records, newest first. A project is read by its id, newest first along
-    ``ix_usage_project_at`` (one query per project: an IN list would read the time index back
+    ``ix_usage_ledger_project_at`` (one query per project: an IN list would read the time index back
     until enough of them turn up, the whole table for a dormant project)."""
     ids = project_ids(session, project, projects)
     newest = (UsageRecord.at.desc(), UsageRecord.id.desc())

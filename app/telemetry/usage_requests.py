@@ -101,7 +101,7 @@ def page(session: Session, filters: Filters, period: Period, *, projects: Collec
 def export(session: Session, filters: Filters, period: Period, *, projects: Collection[str] | None = None,
            before: tuple[dt.datetime, int] | None = None, limit: int = PAGE) -> list[dict[str, Any]]:
     """As ``page``, newest first by time (then id), for a download: the next page starts after the
-    last row's (time, id), ``before``, found along the time index (``ix_usage_project_at`` for a
+    last row's (time, id), ``before``, found along the time index (``ix_usage_ledger_project_at`` for a
     project): each page reads its own rows only, so a whole download is linear in its rows."""
     query = _matching(session, filters, period, projects)
     if before is not None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import insert
+from sqlalchemy import MetaData, insert
 
 from app.db.models import UsageRecord
 from app.telemetry import usage
 from tests.cli.conftest import Run
 from tests.support import Stack
+
+LEGACY = UsageRecord.__table__.to_metadata(MetaData(), name="usage_records")  # before 0018
 
 
 def imported(stack: Stack, days_ago: int, n: int) -> None:
@@ -45,3 +47,18 @@ def test_a_bad_day_and_the_remote_options_are_refused(cli: Run) -> None:
     assert "is not a day" in cli("local", "usage", "rollup", "--since", "yesterday").err
     assert cli("local", "usage", "rollup", "--since", "2999-01-01").error_line("is after today")
     assert cli("local", "--url", "http://127.0.0.1:9", "usage", "rollup").error_line("runs here, on this machine")
+
+
+def test_the_previous_releases_rows_are_moved_into_the_ledger_and_counted(cli: Run, stack: Stack) -> None:
+    """PostgreSQL after 0018: the previous release wrote into usage_records while it ran."""
+    if stack.db.engine.dialect.name != "postgresql":
+        return  # SQLite renames the table: nothing is left behind
+    at = dt.datetime.now(dt.UTC).replace(hour=6, minute=0) - dt.timedelta(days=1)
+    with stack.db.engine.begin() as connection:
+        connection.execute(insert(LEGACY), [
+            {"at": at, "request_id": f"old-{i}", "project_id": 1, "key_id": None, "operation": "decision",
+             "model": "nimble", "provider": "ollama", "status": 200, "input_tokens": 3, "output_tokens": 1,
+             "latency_ms": 4.0, "record_uid": f"{i:032x}", "alias": None} for i in range(3)])
+    result = cli("local", "usage", "rollup")
+    assert result.code == 0 and "3 usage records of the previous release moved" in result.out, result
+    assert [c[1:] for c in counted(stack)] == [(3, 0)]

@@ -72,7 +72,7 @@ def test_0008_gives_the_usage_table_a_unique_record_uid_and_comes_off_again(fres
             connection.execute(text(
                 "INSERT INTO usage_records (at, request_id, operation, model, status, input_tokens, "
                 "output_tokens, latency_ms) VALUES (CURRENT_TIMESTAMP, 'r', 'decision', 'nimble', 200, 1, 1, 0.1)"))
-        migrate.upgrade(fresh_url)
+        command.upgrade(config, "0017")  # the last on usage_records (0018 makes usage_ledger)
         assert index_state(engine) in (True, 1)
         with engine.begin() as connection:
             add_usage(connection, None)
@@ -82,7 +82,7 @@ def test_0008_gives_the_usage_table_a_unique_record_uid_and_comes_off_again(fres
             add_usage(connection, "a" * 32)
         command.downgrade(config, "0007")
         assert index_state(engine) is None
-        migrate.upgrade(fresh_url)  # and up again
+        command.upgrade(config, "0017")  # and up again
         assert index_state(engine) in (True, 1)
     finally:
         engine.dispose()
