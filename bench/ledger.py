@@ -6,11 +6,13 @@ of them while decisions run.
 It fills a fresh PostgreSQL database (``--database`` names the server; a database of its own is
 made and dropped) with ``--rows`` usage records spread over ``--days`` days, for five projects (one
 of them dormant: a few rows, all old), three keys each and four models, by COPY; builds the
-rollups a day at a time (what migration 0017 does), then starts ``arbiter serve`` and the Ollama
+rollups a day at a time (what migration 0017 does) and merges the days before yesterday into the
+day level (what the usage maintenance does), then starts ``arbiter serve`` and the Ollama
 emulator and prints:
 
-- the seconds to fill and to build the rollups, and the bytes per usage row (``usage_ledger``, every
-  day partition with its indexes; then the rollups' bytes per usage row);
+- the seconds to fill, to build the rollups and to merge their days (and a merge run with nothing
+  to do), and the bytes per usage row (``usage_ledger``, every day partition with its indexes; then
+  the rollups' bytes per usage row, and their rows by the hour and by the day);
 - retention of one day: the milliseconds to drop the oldest day's partition of the filled table
   (app/telemetry/retention.py's step), and its rows;
 - the p50 and p95 of every usage read, over HTTP: the web UI's usage pages (24 hours, 30 and 90
@@ -161,6 +163,30 @@ def build_rollups(url: str) -> float:
     return time.monotonic() - started
 
 
+def merge_days(url: str) -> tuple[float, float, int]:
+    """The maintenance's day level: seconds to merge every day before yesterday, seconds of a run
+    with nothing left to merge, and the days merged."""
+    from app.db import rollups
+    from app.db.session import Database
+    from app.telemetry import retention
+
+    database = Database(url)
+    before = rollups.by_the_hour_from(dt.datetime.now(dt.UTC).date())
+    outcome = retention.Outcome()
+    started = time.monotonic()
+    while True:
+        retention.merge_old_days(database.engine, before, outcome)
+        if not outcome.more:
+            break
+        outcome.more = False
+    merged = time.monotonic() - started
+    started = time.monotonic()
+    retention.merge_old_days(database.engine, before, retention.Outcome())
+    idle = time.monotonic() - started
+    database.dispose()
+    return merged, idle, outcome.days_merged
+
+
 def provision(url: str) -> tuple[dict[str, int], dict[str, list[int]], dict[str, str]]:
     from app.db.session import Database
     from app.tenancy import service as tenancy
@@ -272,7 +298,14 @@ def main() -> int:
         seconds = build_rollups(sqlalchemy_url)
         print(f"rollups built a day at a time (migration 0017's work) in {seconds:.1f} s "
               f"({seconds / args.rows * 1e6:.1f} s per million rows)")
+        hourly = sizes(url)
+        seconds, idle, merged = merge_days(sqlalchemy_url)
+        print(f"{merged} days of rollups merged into the day level (the maintenance's work) in {seconds:.1f} s; "
+              f"a run with nothing to merge {idle * 1000:.0f} ms")
         found = sizes(url)
+        print(f"rollup rows by the hour {hourly['usage_rollups.rows']:,} + {hourly['usage_latency_rollups.rows']:,}, "
+              f"by the day (the last two days by the hour) {found['usage_rollups.rows']:,} + "
+              f"{found['usage_latency_rollups.rows']:,}")
         per_row = found["usage_ledger"] / args.rows
         rolled = (found["usage_rollups"] + found["usage_latency_rollups"]) / args.rows
         print(f"bytes per usage row: {per_row:.0f} (usage_ledger, its partitions with their indexes); "

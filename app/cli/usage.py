@@ -1,8 +1,9 @@
 """``arbiter usage rollup [--since DAY]``: the usage rollups of a range of days counted again from
 the raw records (after a bulk import, a restore, rows written by another tool, or the records a
 previous release wrote while migration 0017 ran). Idempotent: each UTC day's rollups are deleted
-and rebuilt in one transaction of its own. It runs on this machine's database only (the admin API
-has no endpoint for it): the remote options are refused."""
+and rebuilt in one transaction of its own (a day before yesterday merged back into one row per key
+in it: the day level the maintenance keeps, app/db/rollups.py). It runs on this machine's database
+only (the admin API has no endpoint for it): the remote options are refused."""
 
 from __future__ import annotations
 
@@ -63,9 +64,13 @@ def _rollup(args: argparse.Namespace) -> int:
         if since > today:
             raise InvalidRequest(f"--since {since} is after today ({today}, UTC)")
         started, written = time.monotonic(), 0
+        by_the_hour = rollups.by_the_hour_from(today)
         for start, end in rollups.days(since, today):
             with database.engine.begin() as connection:  # a day a transaction: the ledger waits that long
-                written += rollups.rebuild(connection, start, end)
+                counted = rollups.rebuild(connection, start, end)
+                if end <= by_the_hour:  # the day level: one row per key
+                    counted = rollups.merge_day(connection, start)
+                written += counted
         days = (today - since).days + 1
         print(f"usage rollups counted again for {days} day(s), {since} to {today}: {written} rollup rows "
               f"in {time.monotonic() - started:.1f} s", file=sys.stdout)

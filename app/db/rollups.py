@@ -8,6 +8,13 @@ uid guard add nothing), and rows added through the ORM (tools, tests) are counte
 flush (``track``). Rows written by anything else (a bulk import, a restore) are counted by
 ``rebuild``: ``arbiter usage rollup``, and migration 0017 for the rows already there.
 
+Days before yesterday are kept by the day (``merge_day``): the usage maintenance (app/telemetry/
+retention.py) merges the hours of each such day into one row per key at its 00:00, so a report over
+90 days reads 88 days' rows, not 2,000 hours'. Every report but the last 24 hours' groups by the
+day, and reads the same sums either way (the histogram's bins too: counts summed, lowest and highest
+kept). A record written late (a spool replayed days on) adds an hour's row to a merged day: the
+day's sums stay right, and the next run merges it again.
+
 An increment is an upsert, ``ON CONFLICT DO UPDATE SET n = n + excluded.n``, the rows of a batch
 summed first and written in key order (two replicas writing the same hour lock its rows in the
 same order: no deadlock)."""
@@ -15,6 +22,7 @@ same order: no deadlock)."""
 from __future__ import annotations
 
 import datetime as dt
+import math
 from bisect import bisect_right
 from collections.abc import Iterable
 from typing import Any, cast
@@ -30,6 +38,7 @@ from app.db.models import UsageLatencyRollup, UsageRecord, UsageRollup
 LATENCY_EDGES = tuple(float(f"{0.1 * 2 ** (i / 8):.6g}") for i in range(181))
 KEY = ("hour", "project_id", "key_id", "model", "alias", "operation", "provider", "status")
 LATENCY_KEY = ("hour", "project_id", "bin")
+HOURLY_DAYS = 2  # today and yesterday keep their hours (the 24-hour page reads them); older days are merged
 ROWS_PER_UPSERT = 60  # 12 columns: 720 parameters, under the 999 of the oldest SQLite builds
 ROLLUPS = cast(Table, UsageRollup.__table__)
 LATENCY = cast(Table, UsageLatencyRollup.__table__)
@@ -197,3 +206,78 @@ def days(first: dt.date, last: dt.date) -> Iterable[tuple[dt.datetime, dt.dateti
         start = dt.datetime.combine(day, dt.time(), dt.UTC)
         yield start, start + dt.timedelta(days=1)
         day += dt.timedelta(days=1)
+
+
+def by_the_hour_from(today: dt.date) -> dt.datetime:
+    """The first hour kept by the hour: the days before it are merged (``merge_day``)."""
+    return dt.datetime.combine(today - dt.timedelta(days=HOURLY_DAYS - 1), dt.time(), dt.UTC)
+
+
+def _not_midnight(hour: Any, dialect: str) -> ColumnElement[bool]:
+    """A rollup's hour that is not its day's 00:00 (the hours are whole: the truncated UTC time)."""
+    if dialect == "postgresql":
+        return func.extract("hour", func.timezone(literal_column("'UTC'"), hour)) != 0
+    return func.strftime(literal_column("'%H'"), hour) != "00"
+
+
+def next_hourly_day(connection: Connection, since: dt.datetime | None, before: dt.datetime) -> dt.date | None:
+    """The first UTC day from ``since`` with rollups of an hour but its first (not merged yet, or
+    written to since), before ``before``; None when there is none. Read along the primary key."""
+    dialect = connection.dialect.name
+    found: list[dt.datetime] = []
+    for table in (ROLLUPS, LATENCY):
+        query = select(func.min(table.c.hour)).where(table.c.hour < before, _not_midnight(table.c.hour, dialect))
+        if since is not None:
+            query = query.where(table.c.hour >= since)
+        first = connection.execute(query).scalar()
+        if first is not None:
+            found.append(first.replace(tzinfo=dt.UTC) if first.tzinfo is None else first.astimezone(dt.UTC))
+    return min(found).date() if found else None
+
+
+def merge_day(connection: Connection, start: dt.datetime) -> int:
+    """Merge the rollups of the UTC day from ``start`` (its 00:00) into one row per key at ``start``,
+    and its latency histogram into one per project and bin, in the connection's transaction:
+    idempotent (a merged day is merged again into the same rows). Answers the totals rows left.
+
+    The day's rows are deleted (``RETURNING`` them) and summed here: the same on SQLite (the DELETE
+    takes its write lock) and PostgreSQL, where the rollup tables are locked against writes until
+    the commit as ``rebuild`` locks them, so a ledger batch waits for the few milliseconds a day's
+    rows take instead of adding to a row being replaced. Latencies are summed exactly (``fsum``)."""
+    dialect = connection.dialect.name
+    if dialect == "postgresql":
+        connection.exec_driver_sql(f"LOCK TABLE {UsageRollup.__tablename__}, {UsageLatencyRollup.__tablename__} "
+                                   "IN EXCLUSIVE MODE")
+    end = start + dt.timedelta(days=1)
+    at = start if dialect == "postgresql" else start.replace(tzinfo=None)  # SQLite: the UTC time as text
+    t, h = ROLLUPS, LATENCY
+    totals: dict[tuple[Any, ...], list[Any]] = {}
+    for row in connection.execute(delete(t).where(t.c.hour >= start, t.c.hour < end).returning(
+            *(t.c[name] for name in KEY[1:]), t.c.requests, t.c.input_tokens, t.c.output_tokens, t.c.latency_ms)):
+        key = tuple(row[:len(KEY) - 1])
+        n, i, o, ms = row[len(KEY) - 1:]
+        seen = totals.setdefault(key, [0, 0, 0, []])
+        seen[0] += n
+        seen[1] += i
+        seen[2] += o
+        seen[3].append(ms)
+    latency: dict[tuple[Any, ...], list[Any]] = {}
+    histogram = delete(h).where(h.c.hour >= start, h.c.hour < end).returning(
+        h.c.project_id, h.c.bin, h.c.requests, h.c.low, h.c.high)
+    for project, bin_, n, low, high in connection.execute(histogram):
+        bin_seen = latency.get((project, bin_))
+        if bin_seen is None:
+            latency[(project, bin_)] = [n, low, high]
+        else:
+            bin_seen[0] += n
+            bin_seen[1] = min(bin_seen[1], low)
+            bin_seen[2] = max(bin_seen[2], high)
+    if totals:
+        connection.execute(t.insert(), [
+            {**dict(zip(KEY, (at, *key), strict=True)), "requests": n, "input_tokens": i, "output_tokens": o,
+             "latency_ms": math.fsum(ms)} for key, (n, i, o, ms) in sorted(totals.items(), key=_order)])
+    if latency:
+        connection.execute(h.insert(), [
+            {"hour": at, "project_id": project, "bin": bin_, "requests": n, "low": low, "high": high}
+            for (project, bin_), (n, low, high) in sorted(latency.items(), key=_order)])
+    return len(totals)

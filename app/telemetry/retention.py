@@ -13,7 +13,10 @@ one that fails is logged and tried again at the next run; nothing here stops the
    batches, so the ledger's own writes go on.
 3. ARBITER_USAGE_RETENTION_DAYS: a day partition past it is dropped whole (instant, whatever its
    size); older rows in the DEFAULT partition (or on SQLite, everywhere) are deleted in batches.
-   ARBITER_ROLLUP_RETENTION_DAYS: the rollups, a day at a time.
+   ARBITER_ROLLUP_RETENTION_DAYS: the rollups, a day at a time, whole UTC days only.
+4. The rollups of the days before yesterday are merged, a day a transaction, into one row per key
+   at the day's 00:00 (app/db/rollups.py's ``merge_day``): reports over weeks read days, not hours.
+   A day written to late (a replayed spool) is merged again at the next run.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, Table, delete, func, select, text
 from sqlalchemy.engine import Engine
 
-from app.db import lease
+from app.db import lease, rollups
 from app.db.models import UsageRecord
 from app.db.rollups import LATENCY, ROLLUPS
 from app.db.session import Database
@@ -46,6 +49,7 @@ LEGACY_BATCHES_PER_RUN = 200  # a million rows a run at most; the next run comes
 LEGACY_PAUSE = 0.2  # seconds between two batches: the ledger's writes get their turn
 DELETE_BATCH = 10_000
 DELETE_BATCHES_PER_RUN = 100
+MERGE_DAYS_PER_RUN = 100  # days of rollups merged a run at most (after the upgrade: the next run comes soon)
 FIRST_RUN_AFTER = 30.0  # seconds after start: the first run
 SOON = 60.0  # seconds to the next run while rows wait to be moved or deleted
 STATEMENT_TIMEOUT = "60s"
@@ -65,6 +69,7 @@ class Outcome:
     dropped: list[str] = field(default_factory=list)  # day partitions past the retention
     deleted: int = 0  # usage rows deleted one by one (the DEFAULT partition, SQLite)
     rollups_deleted: int = 0
+    days_merged: int = 0  # days whose hourly rollups were merged into one row per key
     partitions: int | None = None  # day partitions there now (PostgreSQL)
     more: bool = False  # rows left to move or delete: run again soon
     failed: list[str] = field(default_factory=list)
@@ -209,6 +214,24 @@ def delete_old_rollups(engine: Engine, cutoff: dt.datetime, outcome: Outcome) ->
             outcome.more = True
 
 
+def merge_old_days(engine: Engine, before: dt.datetime, outcome: Outcome, limit: int = MERGE_DAYS_PER_RUN) -> None:
+    """Merge the rollups of every day before ``before`` that has hours (``rollups.merge_day``), the
+    oldest first, a day a transaction, ``limit`` days at most."""
+    since: dt.datetime | None = None
+    for _ in range(limit):
+        with engine.begin() as connection:
+            _bounded(connection)
+            day = rollups.next_hourly_day(connection, since, before)
+            if day is None:
+                return
+            since = _midnight(day)
+            rollups.merge_day(connection, since)
+        outcome.days_merged += 1
+        since += dt.timedelta(days=1)
+    with engine.connect() as connection:
+        outcome.more = outcome.more or rollups.next_hourly_day(connection, since, before) is not None
+
+
 class UsageMaintenance:
     """The job, on the replica holding the ``usage-maintenance`` lease."""
 
@@ -269,9 +292,10 @@ class UsageMaintenance:
             if postgresql:
                 await step("retention", lambda: drop_old_partitions(engine, cutoff, outcome))
             await step("retention", lambda: delete_old_rows(engine, cutoff, outcome))
-        if self.rollup_retention_days:
-            cutoff = now - dt.timedelta(days=self.rollup_retention_days)
+        if self.rollup_retention_days:  # a day goes whole, once all of it is past
+            cutoff = _midnight((now - dt.timedelta(days=self.rollup_retention_days)).date())
             await step("rollup retention", lambda: delete_old_rollups(engine, cutoff, outcome))
+        await step("rollup days", lambda: merge_old_days(engine, rollups.by_the_hour_from(now.date()), outcome))
         if postgresql:
             try:
                 outcome.partitions = len(await self._in_thread(lambda: day_partitions(engine)))
@@ -280,8 +304,9 @@ class UsageMaintenance:
                 log.warning("usage maintenance: the partitions could not be counted: %s", exc)
         self.runs += 1
         log.info("usage maintenance in %.1f s: %d partition(s) made, %d legacy row(s) moved, %d partition(s) "
-                 "dropped, %d row(s) and %d rollup row(s) deleted%s", time.monotonic() - started,
-                 len(outcome.created), outcome.moved, len(outcome.dropped), outcome.deleted, outcome.rollups_deleted,
+                 "dropped, %d row(s) and %d rollup row(s) deleted, %d day(s) of rollups merged%s",
+                 time.monotonic() - started, len(outcome.created), outcome.moved, len(outcome.dropped),
+                 outcome.deleted, outcome.rollups_deleted, outcome.days_merged,
                  f"; failed: {', '.join(sorted(set(outcome.failed)))}" if outcome.failed else "")
         if self._on_run is not None:
             self._on_run(outcome)

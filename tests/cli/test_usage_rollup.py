@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import MetaData, insert
+from sqlalchemy import MetaData, insert, select
 
-from app.db.models import UsageRecord
+from app.db.models import UsageRecord, UsageRollup
 from app.telemetry import usage
 from tests.cli.conftest import Run
 from tests.support import Stack
@@ -41,6 +41,9 @@ def test_the_rollups_of_imported_rows_are_counted_once(cli: Run, stack: Stack) -
     for _ in range(2):  # everything, twice: the same totals
         assert cli("local", "usage", "rollup").code == 0
     assert [c[1:] for c in counted(stack)] == [(4, 2), (6, 3)]
+    with stack.db.session() as s:  # both days are before yesterday: by the day (one row per key, at 00:00)
+        assert {h.hour for h in s.scalars(select(UsageRollup.hour))} == {0}
+        assert len(s.scalars(select(UsageRollup)).all()) == 4  # two days, two statuses
 
 
 def test_a_bad_day_and_the_remote_options_are_refused(cli: Run) -> None:

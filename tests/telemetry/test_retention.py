@@ -111,6 +111,36 @@ def test_rollups_past_their_retention_go_a_day_at_a_time(db: Database) -> None:
     assert count(db, "SELECT count(*) FROM usage_latency_rollups") == 1
 
 
+def rollup_hours(db: Database) -> list[dt.datetime]:
+    with db.session() as session:
+        return sorted(h if h.tzinfo is not None else h.replace(tzinfo=dt.UTC)
+                      for h in session.scalars(select(UsageRollup.hour)))
+
+
+def test_the_days_before_yesterday_are_merged_into_their_first_hour(db: Database) -> None:
+    now = dt.datetime.combine(NOW.date(), dt.time(12), dt.UTC)
+    old = now - dt.timedelta(days=5)
+    write(db, old - dt.timedelta(hours=6), old, old + dt.timedelta(hours=3), now - dt.timedelta(days=1), now)
+    assert len(rollup_hours(db)) == 5
+    outcome = maintain(db, now=now)
+    assert outcome.days_merged == 1 and not outcome.failed
+    midnight = dt.datetime.combine(old.date(), dt.time(), dt.UTC)
+    assert rollup_hours(db) == [midnight, now - dt.timedelta(days=1), now]  # yesterday and today by the hour
+    assert requests_rolled_up(db) == 5
+    assert count(db, "SELECT count(*) FROM usage_latency_rollups") == 3
+    assert maintain(db, now=now).days_merged == 0
+
+
+def test_a_day_of_rollups_goes_once_all_of_it_is_past_their_retention(db: Database) -> None:
+    now = dt.datetime.combine(NOW.date(), dt.time(12), dt.UTC)
+    first = dt.datetime.combine((now - dt.timedelta(days=730)).date(), dt.time(), dt.UTC)
+    write(db, first + dt.timedelta(minutes=1), first - dt.timedelta(minutes=1))  # merged into its 00:00
+    outcome = maintain(db, now=now, days=0)
+    assert outcome.rollups_deleted == 2  # the day before's (totals and latencies); the half-past day kept whole
+    assert rollup_hours(db) == [first]
+    assert maintain(db, now=now + dt.timedelta(days=1), days=0).rollups_deleted == 2
+
+
 def test_sqlite_deletes_old_rows_in_batches(db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     if postgresql(db):
         pytest.skip("SQLite's retention")

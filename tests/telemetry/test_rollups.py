@@ -1,6 +1,7 @@
 """The usage rollups (app/db/rollups.py) on the real database (SQLite, or PostgreSQL with
 ARBITER_TEST_DATABASE_URL): kept by the ledger as it writes, a replayed batch counted once, the
-same answers as the raw rows give, rebuilt identically, and the reports that read them paged."""
+same answers as the raw rows give, rebuilt identically, the same again once the days are merged
+(the day level), and the reports that read them paged."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from app.db import rollups
 from app.db.models import UsageLatencyRollup, UsageRecord, UsageRollup
 from app.db.session import Database
 from app.errors import InvalidRequest
-from app.telemetry import usage, usage_report, usage_requests
+from app.telemetry import retention, usage, usage_report, usage_requests
 from app.telemetry.record import RequestRecord
 from app.telemetry.usage import UsageLedger, _with_uids
 from app.telemetry.usage_report import Period
@@ -41,8 +42,8 @@ def provision(db: Database) -> dict[str, int]:
     return ids
 
 
-def records(ids: dict[str, int], n: int = 600) -> list[RequestRecord]:
-    """``n`` records over the last 20 days: two projects, three keys, two models, an alias, statuses
+def records(ids: dict[str, int], n: int = 600, days: int = 20) -> list[RequestRecord]:
+    """``n`` records over the last ``days`` days: two projects, three keys, two models, an alias, statuses
     of every class, latencies from 0.05 ms to minutes (bin edges among them)."""
     draw = random.Random(31)
     found = []
@@ -56,7 +57,7 @@ def records(ids: dict[str, int], n: int = 600) -> list[RequestRecord]:
             status=draw.choice([200, 200, 200, 302, 404, 429, 503, 504, 99]),
             input_tokens=draw.randint(0, 500), output_tokens=draw.randint(0, 50), seconds=latency / 1000,
             provider=draw.choice(["ollama", None]), alias=draw.choice([None, None, "fast"]),
-            at=NOW - dt.timedelta(minutes=draw.randint(0, 20 * 24 * 60))))
+            at=NOW - dt.timedelta(minutes=draw.randint(0, days * 24 * 60))))
     return found
 
 
@@ -164,6 +165,87 @@ def test_a_rebuild_gives_the_rollups_the_ledger_kept(db: Database) -> None:
         rollups.rebuild(connection, dt.datetime(2025, 3, 14, tzinfo=dt.UTC), dt.datetime(2025, 3, 15, tzinfo=dt.UTC))
     with db.session() as s:
         assert not any(usage_report.label(r.hour, False) == "2025-03-14" for r in s.scalars(select(UsageRollup)))
+
+
+def answers(db: Database) -> dict[str, Any]:
+    """Every report over 90 days (and the last 24 hours, by the hour), the means apart: a sum of
+    floats added in another order may differ in its last digit."""
+    quarter, day = Period.last(90, NOW), Period.last(1, NOW)
+    means: dict[str, Any] = {}
+
+    def apart(name: str, rows: list[dict[str, Any]], *key: str) -> list[dict[str, Any]]:
+        means[name] = {tuple(r[k] for k in key): r.pop("mean_latency_ms") for r in rows}
+        return rows
+    with db.session() as s:
+        found = {
+            "summary": apart("summary", usage.summary(s), "day", "model", "project"),
+            "acme": apart("acme", usage.summary(s, project="acme", since=dt.date(2025, 1, 1),
+                                                 until=dt.date(2025, 2, 20)), "day", "model", "project"),
+            "series": usage_report.series(s, quarter),
+            "hours": usage_report.series(s, day, projects={"acme"}),
+            "totals": apart("totals", usage_report.totals(s, quarter), "project", "model"),
+            "csv": apart("csv", usage_report.totals_per_bucket(s, quarter), "bucket", "project", "model"),
+            "keys": apart("keys", usage_report.per_key(s, quarter, "acme"), "key_id"),
+            "bins": usage_report.latency_bins(s, quarter),
+            "hour bins": usage_report.latency_bins(s, day, project="beta"),
+        }
+    found["series"].sort(key=lambda r: (r["bucket"], r["model"]))
+    found["hours"].sort(key=lambda r: (r["bucket"], r["model"]))
+    found["bins"] = {k: sorted(v) for k, v in found["bins"].items()}
+    found["hour bins"] = {k: sorted(v) for k, v in found["hour bins"].items()}
+    found["p95"] = usage_report.percentiles([b for v in found["bins"].values() for b in v])
+    found["means"] = means
+    return found
+
+
+def same_answers(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert {k: v for k, v in got.items() if k != "means"} == {k: v for k, v in expected.items() if k != "means"}
+    for name, means in expected["means"].items():
+        assert got["means"][name].keys() == means.keys()
+        assert all(got["means"][name][k] == pytest.approx(v, abs=0.0015) for k, v in means.items() if v is not None)
+
+
+def test_the_day_level_gives_the_answers_the_hours_gave(db: Database) -> None:
+    ids = provision(db)
+    ledger = UsageLedger(db)
+    for record in records(ids, 3000, days=90):
+        ledger.add(record)
+    asyncio.run(ledger.flush())
+
+    def stored() -> int:
+        with db.session() as s:
+            return len(list(s.scalars(select(UsageRollup))))
+    by_the_hour, hours = answers(db), stored()
+    assert len(by_the_hour["csv"]) > 300 and len(by_the_hour["hours"]) > 5
+    before = rollups.by_the_hour_from(NOW.date())
+    outcome = retention.Outcome()
+    retention.merge_old_days(db.engine, before, outcome)
+    assert outcome.days_merged == 89 and not outcome.more  # 90 days and a part of one, yesterday and today kept
+    assert stored() < hours  # (a few: this ledger is sparse, most keys are seen once a day)
+    same_answers(answers(db), by_the_hour)
+    with db.session() as s:  # one row per key at the day's 00:00; the last two days by the hour
+        for r in s.scalars(select(UsageRollup)):
+            hour = r.hour if r.hour.tzinfo is None else r.hour.astimezone(dt.UTC)
+            assert hour.hour == 0 or hour.replace(tzinfo=dt.UTC) >= before
+        assert {h.hour for h in s.scalars(select(UsageLatencyRollup.hour)).all()
+                if h.replace(tzinfo=dt.UTC) < before} == {0}
+
+    again = retention.Outcome()
+    retention.merge_old_days(db.engine, before, again)
+    assert again.days_merged == 0 and stored() < hours  # nothing left to merge: nothing changes
+    same_answers(answers(db), by_the_hour)
+
+    # A record written late (a spool replayed) into a merged day: counted at once, merged at the next run.
+    late = RequestRecord(request_id="late", operation="decision", route="/v1/systemone", model="nimble",
+                         project_id=ids["acme"], key_id=ids["a1"], status=200, input_tokens=5, output_tokens=1,
+                         seconds=0.002, at=NOW - dt.timedelta(days=30, hours=3))
+    ledger.add(late)
+    asyncio.run(ledger.flush())
+    with_late = answers(db)
+    assert sum(r["requests"] for r in with_late["totals"]) == sum(r["requests"] for r in by_the_hour["totals"]) + 1
+    retention.merge_old_days(db.engine, before, again)
+    assert again.days_merged == 1
+    same_answers(answers(db), with_late)
 
 
 def test_a_batch_that_fails_adds_nothing_to_the_rollups(db: Database) -> None:
