@@ -199,8 +199,8 @@ class Settings(BaseSettings):
         90, ge=0, description="Days usage records are kept (whole UTC days on PostgreSQL: a day's partition "
         "goes once all of it is older); 0 keeps them forever.")
     rollup_retention_days: int = Field(
-        730, ge=0, description="Days the usage rollups (by the hour, then by the day) (every report's totals) are kept; 0 keeps them "
-        "forever.")
+        730, ge=0, description="Days the usage rollups (every report's totals: by the hour, then by the day) "
+        "are kept; 0 keeps them forever.")
 
     # Usage reports (every usage page, API and CSV): a pool of their own, never the hot path's.
     report_pool_size: int = Field(
