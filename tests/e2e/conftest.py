@@ -38,3 +38,21 @@ def wait_ready(url: str, process: subprocess.Popen[bytes] | None = None, timeout
             pass
         time.sleep(0.1)
     raise AssertionError(f"{url} not ready after {timeout}s")
+
+
+def shop(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    """An emulated Ollama added as a service, and a project "shop" with a key: (the emulator's
+    process, which the caller stops, and the key)."""
+    from tests.support import free_port
+
+    port = free_port()
+    emulator = subprocess.Popen([ARBITER, "emulate", "ollama", "--port", str(port)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/api/version", emulator)
+        run(["service", "add", "--type", "ollama-external", "--url", f"http://127.0.0.1:{port}"], env)
+        run(["project", "create", "shop"], env)
+        return emulator, run(["key", "create", "--project", "shop"], env).stdout.strip().splitlines()[-1]
+    except BaseException:
+        emulator.kill()
+        raise

@@ -13,7 +13,7 @@ import httpx
 from sqlalchemy import create_engine, func, select
 
 from app.db.models import UsageRecord
-from tests.e2e.conftest import ARBITER, environment, run, wait_ready
+from tests.e2e.conftest import ARBITER, environment, run, shop, wait_ready
 from tests.support import free_port, wait_for
 
 N = 150
@@ -30,15 +30,10 @@ def test_a_killed_process_loses_at_most_its_last_fsync_window(tmp_path: Path) ->
     # Only the journal keeps the records: the batched write to the database never comes in time.
     env = {**environment(database), "ARBITER_FLUSH_INTERVAL": "3600", "ARBITER_USAGE_SPOOL_DIR": str(spool)}
     run(["migrate"], env)
-    emulator_port, port = free_port(), free_port()
-    emulator = subprocess.Popen([ARBITER, "emulate", "ollama", "--port", str(emulator_port)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = free_port()
+    emulator, key = shop(env)
     processes = [emulator]
     try:
-        wait_ready(f"http://127.0.0.1:{emulator_port}/api/version", emulator)
-        run(["service", "add", "--type", "ollama-external", "--url", f"http://127.0.0.1:{emulator_port}"], env)
-        run(["project", "create", "shop"], env)
-        key = run(["key", "create", "--project", "shop"], env).stdout.strip().splitlines()[-1]
         body = {"model": "nimble", "state": "s", "questions": {"q": {"type": "noul"}}}
 
         def serve(extra: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -11,7 +11,7 @@ import httpx
 from sqlalchemy import create_engine, func, select
 
 from app.db.models import UsageRecord
-from tests.e2e.conftest import ARBITER, environment, run, wait_ready
+from tests.e2e.conftest import ARBITER, environment, run, shop, wait_ready
 from tests.support import free_port
 
 N = 120
@@ -21,15 +21,10 @@ def test_no_usage_record_is_lost_across_a_restart(tmp_path: Path) -> None:
     database = f"sqlite:///{tmp_path / 'arbiter.db'}"
     env = {**environment(database), "ARBITER_FLUSH_INTERVAL": "3600"}  # only the shutdown flush writes
     run(["migrate"], env)
-    emulator_port, port = free_port(), free_port()
-    emulator = subprocess.Popen([ARBITER, "emulate", "ollama", "--port", str(emulator_port)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = free_port()
+    emulator, key = shop(env)
     processes = [emulator]
     try:
-        wait_ready(f"http://127.0.0.1:{emulator_port}/api/version", emulator)
-        run(["service", "add", "--type", "ollama-external", "--url", f"http://127.0.0.1:{emulator_port}"], env)
-        run(["project", "create", "shop"], env)
-        key = run(["key", "create", "--project", "shop"], env).stdout.strip().splitlines()[-1]
         body = {"model": "nimble", "state": "s", "questions": {"q": {"type": "noul"}}}
         for round_ in range(2):
             server = subprocess.Popen([ARBITER, "serve", "--port", str(port)], env=env,
